@@ -1,0 +1,10 @@
+//! Command-line front ends of both binaries: argument definitions and output formatting.
+//! The work itself lives in `engine`, `store` and `pool`.
+
+mod config_cmd;
+pub mod entry_value;
+pub mod exit;
+pub mod logging;
+mod runner;
+
+pub use runner::main as runner_main;

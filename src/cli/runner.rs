@@ -1,0 +1,43 @@
+//! The `drover` command line.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use super::config_cmd::{self, ConfigCommand};
+use super::exit::{self, CliResult};
+use super::logging::{self, LogFormat};
+
+/// drover: a durable workflow engine for long-lived agents.
+///
+/// Runs JSON-with-comments workflows whose steps are done by agents (through `drover-pool`) or
+/// shell commands, with pre/post/finally hooks, timeouts, retries and fan-out; every transition
+/// is recorded so a killed run can be resumed.
+#[derive(Debug, Parser)]
+#[command(name = "drover", version, propagate_version = true)]
+pub struct Cli {
+    /// Log output format (filter logs with RUST_LOG, e.g. RUST_LOG=drover=debug).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "DROVER_LOG_FORMAT")]
+    pub log_format: LogFormat,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Inspect, validate and draw workflow configs.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    logging::init(cli.log_format);
+    exit::finish(dispatch(cli.command))
+}
+
+fn dispatch(command: Command) -> CliResult {
+    match command {
+        Command::Config(command) => config_cmd::run(command),
+    }
+}

@@ -1,0 +1,3 @@
+//! The workflow: config model and validation, the task lifecycle, scheduling.
+
+pub mod config;

@@ -1,0 +1,4 @@
+pub mod cli;
+pub mod engine;
+pub mod pool;
+pub mod store;

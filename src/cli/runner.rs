@@ -25,6 +25,10 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Validate a workflow, record a new run and drive it until no task is pending.
+    Run(super::run_cmd::RunArgs),
+    /// Continue an unfinished run from its stored state.
+    Resume(super::run_cmd::ResumeArgs),
     /// Inspect, validate and draw workflow configs.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -39,5 +43,7 @@ pub fn main() -> ExitCode {
 fn dispatch(command: Command) -> CliResult {
     match command {
         Command::Config(command) => config_cmd::run(command),
+        Command::Run(args) => super::run_cmd::run(args),
+        Command::Resume(args) => super::run_cmd::resume(args),
     }
 }

@@ -1,3 +1,8 @@
 //! The workflow: config model and validation, the task lifecycle, scheduling.
 
+pub mod answer;
 pub mod config;
+pub mod driver;
+pub mod lifecycle;
+pub mod process;
+pub mod run_lock;

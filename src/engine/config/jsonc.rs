@@ -47,6 +47,19 @@ impl Locations {
     }
 }
 
+impl Locations {
+    /// The shortest recorded pointer below `under` whose last token is `token`.
+    pub fn find_below(&self, under: &str, token: &str) -> Option<String> {
+        let prefix = format!("{under}/");
+        let suffix = format!("/{token}");
+        self.by_pointer
+            .keys()
+            .filter(|pointer| pointer.starts_with(&prefix) && pointer.ends_with(&suffix))
+            .min_by_key(|pointer| (pointer.len(), pointer.as_str()))
+            .cloned()
+    }
+}
+
 /// A parse failure with its position.
 #[derive(Debug, Clone)]
 pub struct JsoncError {
@@ -82,7 +95,7 @@ pub fn parse(text: &str) -> Result<(Value, Locations), Vec<JsoncError>> {
                 line: e.line_display(),
                 column: e.column_display(),
             }),
-            message: e.kind().to_string(),
+            message: syntax_message(text, &e),
         }]
     })?;
     let Some(root) = parsed.value else {
@@ -101,6 +114,27 @@ pub fn parse(text: &str) -> Result<(Value, Locations), Vec<JsoncError>> {
         Ok((value, converter.locations))
     } else {
         Err(converter.errors)
+    }
+}
+
+/// The parser's message, plus the offending text when the parser only says "unexpected word"
+/// (a bare `NaN` or `Infinity` is scanned as a word, so the message alone would not say why).
+fn syntax_message(text: &str, error: &jsonc_parser::errors::ParseError) -> String {
+    use jsonc_parser::errors::ParseErrorKind;
+    let kind = error.kind();
+    let range = error.range();
+    let found = text
+        .get(range.start..range.end)
+        .filter(|found| !found.is_empty() && found.chars().count() <= 40);
+    match (kind, found) {
+        (ParseErrorKind::UnexpectedWord | ParseErrorKind::UnexpectedToken, Some(found)) => {
+            if matches!(found, "NaN" | "Infinity") {
+                format!("`{found}` is not valid JSON: Infinity and NaN are not allowed")
+            } else {
+                format!("{kind} `{found}`")
+            }
+        }
+        _ => kind.to_string(),
     }
 }
 
@@ -227,6 +261,13 @@ mod tests {
         ] {
             assert!(parse(text).is_err(), "accepted {text}");
         }
+    }
+
+    #[test]
+    fn bare_nan_is_named_in_the_message() {
+        let errors = parse("{\n  \"a\": NaN\n}").unwrap_err();
+        assert_eq!(errors[0].at, Some(LineCol { line: 2, column: 8 }));
+        assert!(errors[0].message.contains("`NaN` is not valid JSON"));
     }
 
     #[test]

@@ -104,9 +104,14 @@ impl Loader {
                 }
                 let message = explain_serde_error(&error.inner().to_string());
                 if let Some(unknown) = unknown_name(&message) {
-                    let with_key = format!("{at}/{}", jsonc::escape_pointer_token(&unknown));
+                    let token = jsonc::escape_pointer_token(&unknown);
+                    let with_key = format!("{at}/{token}");
                     if self.locations.find(&with_key) != self.locations.find(&at) {
                         at = with_key;
+                    } else if let Some(nested) = self.locations.find_below(&at, &token) {
+                        // Serde loses the path inside internally tagged enums (an action's
+                        // `instructions`), so look for the key further down.
+                        at = nested;
                     }
                 }
                 self.problem(&at, step, message);

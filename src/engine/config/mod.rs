@@ -8,5 +8,5 @@ mod workflow;
 
 pub use load::{load, load_text};
 pub use model::config_json_schema;
-pub use problem::{ConfigErrors, Problem};
+pub use problem::{ConfigErrors, Problem, hint as hint_for};
 pub use workflow::{Action, Hook, RetryDelay, Step, StepOptions, Workflow};

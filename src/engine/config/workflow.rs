@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use jsonschema::error::ValidationErrorKind;
 use serde_json::Value;
 
 use super::model::ConfigFile;
@@ -84,8 +85,24 @@ impl Step {
         let failures: Vec<String> = validator
             .iter_errors(value)
             .map(|error| {
-                let pointer = error.instance_path().as_str();
-                let pointer = if pointer.is_empty() { "/" } else { pointer };
+                let mut pointer = error.instance_path().as_str().to_string();
+                // A missing or unexpected property is reported against its parent object;
+                // name the property itself, which is the field the user has to fix.
+                let field = match error.kind() {
+                    ValidationErrorKind::Required { property } => property.as_str(),
+                    ValidationErrorKind::AdditionalProperties { unexpected }
+                    | ValidationErrorKind::UnevaluatedProperties { unexpected }
+                        if unexpected.len() == 1 =>
+                    {
+                        Some(unexpected[0].as_str())
+                    }
+                    _ => None,
+                };
+                if let Some(field) = field {
+                    pointer.push('/');
+                    pointer.push_str(&super::jsonc::escape_pointer_token(field));
+                }
+                let pointer = if pointer.is_empty() { "/" } else { &pointer };
                 format!("at {pointer}: {error}")
             })
             .collect();
@@ -175,6 +192,34 @@ mod tests {
         };
         let delays: Vec<u64> = (1..=5).map(|n| delay.before_retry(n).as_secs()).collect();
         assert_eq!(delays, vec![1, 2, 4, 5, 5]);
+    }
+
+    #[test]
+    fn missing_and_unexpected_fields_are_named_by_their_own_pointer() {
+        let schema = serde_json::json!({
+            "type": "object",
+            "required": ["file"],
+            "properties": {"file": {"type": "string"}},
+            "additionalProperties": false,
+        });
+        let step = Step {
+            name: "S".to_string(),
+            validator: Some(Arc::new(jsonschema::validator_for(&schema).unwrap())),
+            value_schema: Some(schema),
+            action: Action::Command {
+                script: "true".to_string(),
+            },
+            next: Vec::new(),
+            pre: None,
+            post: None,
+            finally_hook: None,
+            options: StepOptions::default(),
+        };
+        let failures = step
+            .check_value(&serde_json::json!({"extra": 1}))
+            .unwrap_err();
+        assert!(failures.iter().any(|f| f.starts_with("at /file: ")));
+        assert!(failures.iter().any(|f| f.starts_with("at /extra: ")));
     }
 
     #[test]

@@ -1,0 +1,286 @@
+//! Stored records. Each is a versioned envelope encoded with postcard; variants are only ever
+//! appended (see migrations.md). JSON payloads (task values, results) are kept as JSON text
+//! because arbitrary JSON cannot round-trip through a non-self-describing format.
+
+use serde::{Deserialize, Serialize};
+
+use super::StoreError;
+
+/// Where a task is in its lifecycle. Only `Completed` and `Failed` are settled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Phase {
+    /// Waiting for a concurrency slot (or for its retry delay to pass).
+    Queued,
+    Pre,
+    Action,
+    Post,
+    Completed,
+    Failed,
+}
+
+impl Phase {
+    pub fn is_settled(self) -> bool {
+        matches!(self, Phase::Completed | Phase::Failed)
+    }
+
+    pub fn holds_slot(self) -> bool {
+        matches!(self, Phase::Pre | Phase::Action | Phase::Post)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Queued => "queued",
+            Phase::Pre => "pre",
+            Phase::Action => "action",
+            Phase::Post => "post",
+            Phase::Completed => "completed",
+            Phase::Failed => "failed",
+        }
+    }
+
+    /// A stable small number for index keys.
+    pub fn code(self) -> u8 {
+        match self {
+            Phase::Queued => 0,
+            Phase::Pre => 1,
+            Phase::Action => 2,
+            Phase::Post => 3,
+            Phase::Completed => 4,
+            Phase::Failed => 5,
+        }
+    }
+}
+
+/// The state of a task's `finally` hook.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FinallyState {
+    /// The step has no finally hook.
+    None,
+    /// Waiting for the task and all its descendants to settle.
+    Waiting,
+    /// Due or running; a resumed runner runs it (again).
+    Running,
+    Done,
+    Failed(String),
+}
+
+/// What a transition moved a task to; `inspect` shows these in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Stage {
+    Phase(Phase),
+    FinallyRunning,
+    FinallyDone,
+    FinallyFailed,
+}
+
+impl Stage {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stage::Phase(phase) => phase.as_str(),
+            Stage::FinallyRunning => "finally",
+            Stage::FinallyDone => "finally-done",
+            Stage::FinallyFailed => "finally-failed",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RunStatus {
+    Running,
+    Completed,
+    Failed,
+    /// Stopped by a signal; resumable.
+    Interrupted,
+}
+
+impl RunStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Running => "running",
+            RunStatus::Completed => "completed",
+            RunStatus::Failed => "failed",
+            RunStatus::Interrupted => "interrupted",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunV1 {
+    pub config_path: String,
+    /// Where hooks run and links were resolved.
+    pub base_dir: String,
+    /// The config with links inlined, so a resume runs what the run started with.
+    pub config_snapshot: String,
+    pub entrypoint_value: String,
+    pub status: RunStatus,
+    pub started_ms: u64,
+    pub updated_ms: u64,
+    pub ended_ms: Option<u64>,
+    pub tasks_total: u64,
+    pub tasks_completed: u64,
+    pub tasks_failed: u64,
+    /// Tasks not yet finished (settled with all descendants and finally done). The run ends at 0.
+    pub tasks_open: u64,
+    pub next_transition: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskV1 {
+    pub parent: Option<u128>,
+    pub step: String,
+    /// The task's original value (JSON text).
+    pub value: String,
+    /// 1-based attempt number; survives waiting for a slot.
+    pub attempt: u32,
+    pub phase: Phase,
+    /// When a queued task may start (ms since the epoch); also its queue position.
+    pub ready_at_ms: u64,
+    /// The value the action gets in this attempt (the pre hook's output), JSON text.
+    pub action_value: Option<String>,
+    /// The result of this attempt (JSON text): input to the post hook, then final.
+    pub result: Option<String>,
+    /// The action's error came from an invalid answer (governs `retry_on_invalid_response`).
+    pub invalid_response: bool,
+    /// Why the task failed, or why the last attempt did.
+    pub error: Option<String>,
+    /// Children not yet finished. 64 bits: a fan-out may be very large.
+    pub open_children: u64,
+    pub finally: FinallyState,
+    pub created_ms: u64,
+    pub updated_ms: u64,
+}
+
+impl TaskV1 {
+    /// Settled, every descendant finished, and finally (if any) done: the parent may count it.
+    pub fn is_finished(&self) -> bool {
+        self.phase.is_settled()
+            && self.open_children == 0
+            && matches!(
+                self.finally,
+                FinallyState::None | FinallyState::Done | FinallyState::Failed(_)
+            )
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TransitionV1 {
+    pub task: u128,
+    pub attempt: u32,
+    pub from: Option<Stage>,
+    pub to: Stage,
+    pub at_ms: u64,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HookLogV1 {
+    pub attempt: u32,
+    /// pre, action, post or finally.
+    pub phase: String,
+    /// "exit code 0", "timed out", …
+    pub outcome: String,
+    /// The tail of stderr.
+    pub stderr: String,
+    pub stderr_truncated: bool,
+    pub at_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum RunRecord {
+    V1(RunV1),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum TaskRecord {
+    V1(TaskV1),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum TransitionRecord {
+    V1(TransitionV1),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum HookLogRecord {
+    V1(HookLogV1),
+}
+
+/// A record type with a current version it is read into and written as.
+pub trait Versioned: Sized {
+    type Current;
+    const NAME: &'static str;
+    fn wrap(current: Self::Current) -> Self;
+    fn into_current(self) -> Self::Current;
+}
+
+macro_rules! versioned {
+    ($envelope:ident, $current:ident, $name:literal) => {
+        impl Versioned for $envelope {
+            type Current = $current;
+            const NAME: &'static str = $name;
+            fn wrap(current: $current) -> Self {
+                $envelope::V1(current)
+            }
+            fn into_current(self) -> $current {
+                match self {
+                    $envelope::V1(current) => current,
+                }
+            }
+        }
+    };
+}
+
+versioned!(RunRecord, RunV1, "run");
+versioned!(TaskRecord, TaskV1, "task");
+versioned!(TransitionRecord, TransitionV1, "transition");
+versioned!(HookLogRecord, HookLogV1, "hook log");
+
+pub fn encode<E: Versioned + Serialize>(current: E::Current) -> Result<Vec<u8>, StoreError> {
+    postcard::to_stdvec(&E::wrap(current)).map_err(|e| StoreError::Encode {
+        what: E::NAME,
+        reason: e.to_string(),
+    })
+}
+
+pub fn decode<E: Versioned + for<'de> Deserialize<'de>>(
+    bytes: &[u8],
+) -> Result<E::Current, StoreError> {
+    postcard::from_bytes::<E>(bytes)
+        .map(E::into_current)
+        .map_err(|e| StoreError::Decode {
+            what: E::NAME,
+            reason: e.to_string(),
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn task_round_trips_with_large_counters() {
+        let task = TaskV1 {
+            parent: Some(u128::MAX),
+            step: "Analyze".into(),
+            value: r#"{"file":"a.rs","n":1.5e300}"#.into(),
+            attempt: 3,
+            phase: Phase::Post,
+            ready_at_ms: 17,
+            action_value: Some("{}".into()),
+            result: None,
+            invalid_response: true,
+            error: Some("boom".into()),
+            open_children: 70_000,
+            finally: FinallyState::Failed("x".into()),
+            created_ms: 1,
+            updated_ms: 2,
+        };
+        let bytes = encode::<TaskRecord>(task.clone()).unwrap();
+        assert_eq!(decode::<TaskRecord>(&bytes).unwrap(), task);
+    }
+
+    #[test]
+    fn garbage_is_a_decode_error_not_a_panic() {
+        assert!(decode::<RunRecord>(&[0xff, 0xff, 0xff]).is_err());
+    }
+}

@@ -6,3 +6,6 @@ pub mod driver;
 pub mod lifecycle;
 pub mod process;
 pub mod run_lock;
+
+#[cfg(test)]
+mod lifecycle_tests;

@@ -1,0 +1,1 @@
+//! Table tests of the lifecycle core: one per row of CONTRACT.md §3 and per retry flag.

@@ -47,8 +47,9 @@ const EXIT_DRAIN: Duration = Duration::from_millis(250);
 const KILLED_DRAIN: Duration = Duration::from_millis(250);
 
 /// How often to check whether a SIGTERMed group has emptied once its leader is gone. The kernel
-/// offers no notification for "last member of a process group exited".
-const GROUP_POLL: Duration = Duration::from_millis(20);
+/// offers no notification for "last member of a process group exited", and each check scans
+/// /proc, so not too often.
+const GROUP_POLL: Duration = Duration::from_millis(50);
 
 /// Reaping after SIGKILL is normally instant; the bound keeps a process stuck in uninterruptible
 /// sleep from wedging the caller (tokio reaps it later as an orphan).
@@ -250,7 +251,9 @@ impl Registration {
 impl Drop for Registration {
     fn drop(&mut self) {
         let mut state = self.tracker.lock();
-        let _ = self.armed;
+        if self.armed {
+            signal_group(self.pgid, Signal::SIGKILL);
+        }
         state.groups.remove(&self.id);
     }
 }
@@ -354,9 +357,7 @@ pub async fn run_with_grace(
                 Ok(status) => ExitInfo::from(status),
                 Err(error) => {
                     tracing::warn!(%error, script = %script, "waiting for a child process failed");
-                    stderr.push(
-                        format!("\ndrover: waiting for the process failed: {error}\n").as_bytes(),
-                    );
+                    stderr.push(format!("\ndrover: waiting for the process failed: {error}\n").as_bytes());
                     ExitInfo::unknown()
                 }
             };
@@ -416,6 +417,7 @@ async fn supervise<F: Future<Output = ()>>(
         Ended::Exited(status) => {
             // A background job may still hold the pipes; don't let it keep the hook alive.
             drain(io.as_mut(), &mut io_done, EXIT_DRAIN).await;
+            signal_group(pgid, Signal::SIGKILL);
             drain(io.as_mut(), &mut io_done, KILLED_DRAIN).await;
             Ended::Exited(status)
         }
@@ -425,7 +427,7 @@ async fn supervise<F: Future<Output = ()>>(
             Ended::Cancelled
         }
         Ended::TimedOut => {
-            let _ = nix::sys::signal::kill(pgid, Signal::SIGTERM);
+            signal_group(pgid, Signal::SIGTERM);
             let grace_end = Instant::now().checked_add(grace);
             let mut reaped = false;
             // The grace is for the whole group, not just the leader: a grandchild doing its own
@@ -446,7 +448,7 @@ async fn supervise<F: Future<Output = ()>>(
                     () = tokio::time::sleep(GROUP_POLL), if reaped => {}
                 }
             }
-            let _ = nix::sys::signal::kill(pgid, Signal::SIGKILL);
+            signal_group(pgid, Signal::SIGKILL);
             if !reaped {
                 reap(child).await;
             }
@@ -483,15 +485,53 @@ async fn reap(child: &mut Child) {
 fn signal_group(pgid: Pid, signal: Signal) {
     match killpg(pgid, signal) {
         Ok(()) | Err(Errno::ESRCH) => {}
-        Err(error) => {
-            tracing::warn!(%error, pgid = pgid.as_raw(), ?signal, "cannot signal process group")
-        }
+        Err(error) => tracing::warn!(%error, pgid = pgid.as_raw(), ?signal, "cannot signal process group"),
     }
 }
 
 fn group_alive(pgid: Pid) -> bool {
     // EPERM means a member exists that we may not signal (it changed uid): still alive.
-    !matches!(killpg(pgid, None), Err(Errno::ESRCH))
+    if matches!(killpg(pgid, None), Err(Errno::ESRCH)) {
+        return false;
+    }
+    // Zombies still count for killpg, and orphans are reparented to PID 1, which in a container
+    // often never reaps them: without this, every timed-out group with a background job would
+    // sit out the whole grace.
+    #[cfg(target_os = "linux")]
+    if let Some(live) = has_live_member(pgid) {
+        return live;
+    }
+    true
+}
+
+/// Whether any non-zombie process is in group `pgid`, or `None` if /proc can't tell us.
+#[cfg(target_os = "linux")]
+fn has_live_member(pgid: Pid) -> Option<bool> {
+    // A /proc from another pid namespace would name other processes: then it can't be trusted.
+    let own = std::fs::read_link("/proc/self").ok()?;
+    if own.to_str()?.parse::<u32>().ok()? != std::process::id() {
+        return None;
+    }
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        // Fails if the process has just gone, which is what we are waiting for anyway.
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid pgrp ...`; comm may contain spaces and parentheses.
+        let Some((_, rest)) = stat.rsplit_once(')') else {
+            continue;
+        };
+        let mut fields = rest.split_whitespace();
+        let state = fields.next();
+        let pgrp = fields.nth(1).and_then(|p| p.parse::<i32>().ok());
+        if pgrp == Some(pgid.as_raw()) && !matches!(state, Some("Z" | "X")) {
+            return Some(true);
+        }
+    }
+    Some(false)
 }
 
 async fn feed(pipe: Option<ChildStdin>, data: Vec<u8>, error: &mut Option<io::Error>) {
@@ -614,10 +654,7 @@ mod tests {
     fn describe(outcome: &ProcessOutcome) -> String {
         match outcome {
             ProcessOutcome::Exited { status, stderr, .. } => {
-                format!(
-                    "Exited({status}), stderr {:?}",
-                    String::from_utf8_lossy(stderr)
-                )
+                format!("Exited({status}), stderr {:?}", String::from_utf8_lossy(stderr))
             }
             ProcessOutcome::TimedOut { .. } => "TimedOut".to_owned(),
             ProcessOutcome::Cancelled => "Cancelled".to_owned(),
@@ -657,10 +694,7 @@ mod tests {
     async fn assert_gone(pid: Pid, what: &str) {
         let deadline = Instant::now() + PATIENCE;
         while !is_gone(pid) {
-            assert!(
-                Instant::now() < deadline,
-                "{what} (pid {pid}) is still alive"
-            );
+            assert!(Instant::now() < deadline, "{what} (pid {pid}) is still alive");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -675,11 +709,7 @@ mod tests {
             {
                 return Pid::from_raw(pid);
             }
-            assert!(
-                Instant::now() < deadline,
-                "{} never got a pid",
-                path.display()
-            );
+            assert!(Instant::now() < deadline, "{} never got a pid", path.display());
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
@@ -710,10 +740,7 @@ mod tests {
         assert!(!overflow);
         assert!(stdout == input, "stdout differs from stdin");
         assert!(truncated);
-        assert!(
-            stderr == input[input.len() - 1000..],
-            "stderr is not the tail of stdin"
-        );
+        assert!(stderr == input[input.len() - 1000..], "stderr is not the tail of stdin");
     }
 
     #[tokio::test]
@@ -726,10 +753,7 @@ mod tests {
         let (status, stdout, overflow, _, _) = exited(run_short(spec, &tracker).await);
         assert!(status.success(), "{status}");
         assert!(overflow);
-        assert!(
-            stdout == input[..100_000],
-            "stdout is not the head of stdin"
-        );
+        assert!(stdout == input[..100_000], "stdout is not the head of stdin");
     }
 
     #[tokio::test]
@@ -775,13 +799,7 @@ mod tests {
     async fn exit_code_is_reported() {
         let tracker = ProcessTracker::new();
         let (status, ..) = exited(run_short(spec("exit 3"), &tracker).await);
-        assert_eq!(
-            status,
-            ExitInfo {
-                code: Some(3),
-                signal: None
-            }
-        );
+        assert_eq!(status, ExitInfo { code: Some(3), signal: None });
         assert!(!status.success());
         assert_eq!(status.to_string(), "exit code 3");
 
@@ -794,13 +812,7 @@ mod tests {
     async fn death_by_signal_is_reported() {
         let tracker = ProcessTracker::new();
         let (status, ..) = exited(run_short(spec("kill -9 $$"), &tracker).await);
-        assert_eq!(
-            status,
-            ExitInfo {
-                code: None,
-                signal: Some(9)
-            }
-        );
+        assert_eq!(status, ExitInfo { code: None, signal: Some(9) });
         assert!(!status.success());
         assert_eq!(status.to_string(), "killed by signal 9");
     }
@@ -809,10 +821,7 @@ mod tests {
     async fn env_is_added_and_cwd_is_used() {
         let tracker = ProcessTracker::new();
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut spec = ProcessSpec::new(
-            r#"printf '%s|%s\n' "$DROVER_TEST_VAR" "$HOME"; pwd -P"#,
-            dir.path(),
-        );
+        let mut spec = ProcessSpec::new(r#"printf '%s|%s\n' "$DROVER_TEST_VAR" "$HOME"; pwd -P"#, dir.path());
         spec.env = vec![("DROVER_TEST_VAR".into(), "hello world".into())];
         let (status, stdout, ..) = exited(run_short(spec, &tracker).await);
         assert!(status.success(), "{status}");
@@ -849,11 +858,7 @@ mod tests {
         let mut spec = spec(&script);
         spec.timeout = Some(Duration::from_millis(300));
         match run_short(spec, &tracker).await {
-            ProcessOutcome::TimedOut {
-                stdout,
-                stderr,
-                stderr_truncated,
-            } => {
+            ProcessOutcome::TimedOut { stdout, stderr, stderr_truncated } => {
                 assert_eq!(stdout, b"before\n");
                 assert_eq!(stderr, b"oops\n");
                 assert!(!stderr_truncated);
@@ -879,11 +884,7 @@ mod tests {
         let started = Instant::now();
         let outcome = run_short(spec, &tracker).await;
         let elapsed = started.elapsed();
-        assert!(
-            matches!(outcome, ProcessOutcome::TimedOut { .. }),
-            "{}",
-            describe(&outcome)
-        );
+        assert!(matches!(outcome, ProcessOutcome::TimedOut { .. }), "{}", describe(&outcome));
         // Timer slack only ever makes things later, so the lower bound is exact.
         assert!(
             elapsed >= timeout + SHORT_GRACE,
@@ -901,11 +902,7 @@ mod tests {
         let outcome = tokio::time::timeout(PATIENCE, run_with_grace(spec, &tracker, PATIENCE))
             .await
             .expect("run should return once the group is dead, not after the grace");
-        assert!(
-            matches!(outcome, ProcessOutcome::TimedOut { .. }),
-            "{}",
-            describe(&outcome)
-        );
+        assert!(matches!(outcome, ProcessOutcome::TimedOut { .. }), "{}", describe(&outcome));
         assert!(started.elapsed() < PATIENCE);
     }
 
@@ -943,11 +940,7 @@ mod tests {
         assert_eq!(tracker.live(), 0);
 
         // Sticky: nothing new starts once shutdown has begun.
-        let outcome = run_short(
-            spec(&format!("echo x > '{}'", dir.path().join("late").display())),
-            &tracker,
-        )
-        .await;
+        let outcome = run_short(spec(&format!("echo x > '{}'", dir.path().join("late").display())), &tracker).await;
         assert_eq!(outcome, ProcessOutcome::Cancelled);
         assert!(!dir.path().join("late").exists());
     }

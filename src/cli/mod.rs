@@ -11,3 +11,14 @@ mod run_cmd;
 mod runner;
 
 pub use runner::main as runner_main;
+
+/// Restores the default SIGPIPE action so `drover … | head` ends quietly instead of panicking
+/// in `println!` (Rust ignores SIGPIPE by default).
+pub fn restore_sigpipe() {
+    use nix::sys::signal::{SigHandler, Signal, signal};
+    // SAFETY: called first thing in main, before any thread exists; SIG_DFL installs no handler
+    // code, so no async-signal-safety rules are involved.
+    unsafe {
+        let _ = signal(Signal::SIGPIPE, SigHandler::SigDfl);
+    }
+}

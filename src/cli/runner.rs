@@ -35,6 +35,7 @@ pub enum Command {
 }
 
 pub fn main() -> ExitCode {
+    super::restore_sigpipe();
     let cli = Cli::parse();
     logging::init(cli.log_format);
     exit::finish(dispatch(cli.command))

@@ -1,0 +1,813 @@
+//! The pool daemon: hands queued tasks to waiting agents, watches response files, and delivers
+//! answers to the runner of each run.
+//!
+//! One actor owns all state. Connection handlers and the response-file watcher send it
+//! commands; it applies a batch of them, commits what changed to the pool's redb file in one
+//! transaction, and only then replies — so a task is never handed to an agent, nor an answer
+//! to a runner, before the pool would remember it after SIGKILL.
+//!
+//! Response files are read when inotify reports them closed after writing (or renamed into
+//! place), never while an agent may still be writing them.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fs::File;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use nix::fcntl::{Flock, FlockArg};
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, oneshot, watch};
+use ulid::Ulid;
+
+use super::conn::split;
+use super::paths::PoolPaths;
+use super::protocol::{AgentMessage, AgentStatus, AnswerOutcome, PoolTask, Reply, Request, StatusReport, TaskKey};
+use super::store::{Entry, EntryState, Key, PoolStore};
+
+const MAX_BATCH: usize = 4096;
+const ABANDONED: &str = "agent requested a new task without answering";
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Runs the daemon in the foreground until SIGINT/SIGTERM or `drover-pool stop`.
+pub fn run_blocking(paths: PoolPaths) -> Result<(), String> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))?;
+    runtime.block_on(run(paths))
+}
+
+pub async fn run(paths: PoolPaths) -> Result<(), String> {
+    crate::store::create_private_dir(&paths.dir)?;
+    crate::store::create_private_dir(&paths.responses())?;
+    let lock_file = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(paths.daemon_lock())
+        .map_err(|e| format!("cannot open {}: {e}", paths.daemon_lock().display()))?;
+    let _lock = Flock::lock(lock_file, FlockArg::LockExclusiveNonblock).map_err(|_| {
+        format!(
+            "a daemon is already running for pool `{}` ({})",
+            paths.name,
+            paths.dir.display()
+        )
+    })?;
+    // Holding the lock means any socket file left is a stale one from a killed daemon.
+    let socket = paths.socket();
+    if socket.exists() {
+        std::fs::remove_file(&socket).map_err(|e| format!("cannot remove stale socket {}: {e}", socket.display()))?;
+    }
+    let listener = UnixListener::bind(&socket).map_err(|e| format!("cannot listen on {}: {e}", socket.display()))?;
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| format!("cannot restrict {}: {e}", socket.display()))?;
+    let _ = std::fs::remove_file(paths.stopped_marker());
+
+    let store = PoolStore::open(&paths.database())?;
+    let epoch = store.epoch()?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let (stop_tx, mut stop_rx) = watch::channel(false);
+    let mut state = State::new(paths.clone(), epoch, stop_tx);
+    state.load(store.load()?);
+    watch_responses(&paths.responses(), tx.clone())?;
+    // Answers written while no daemon was running are picked up now.
+    for (key, entry) in &state.entries {
+        if matches!(entry.state, EntryState::Assigned { .. } | EntryState::Recalled { .. }) {
+            let path = state.response_path(*key);
+            if std::fs::read_to_string(&path).is_ok_and(|text| serde_json::from_str::<serde_json::Value>(&text).is_ok())
+                && let Some(name) = path.file_name()
+            {
+                let _ = tx.send(Cmd::ResponseClosed {
+                    file_name: name.to_string_lossy().into_owned(),
+                });
+            }
+        }
+    }
+    let actor = tokio::spawn(actor(state, store, rx));
+    tracing::info!(pool = %paths.name, socket = %socket.display(), "pool daemon started");
+    eprintln!("drover-pool: pool `{}` listening on {}", paths.name, socket.display());
+
+    let mut next_conn = 0u64;
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| format!("cannot handle SIGTERM: {e}"))?;
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    next_conn += 1;
+                    tokio::spawn(handle_connection(stream, tx.clone(), next_conn));
+                }
+                Err(e) => tracing::warn!("accept failed: {e}"),
+            },
+            _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break,
+            _ = stop_rx.changed() => break,
+        }
+    }
+    let _ = std::fs::remove_file(&socket);
+    drop(tx);
+    actor.abort();
+    eprintln!("drover-pool: pool `{}` stopped", paths.name);
+    Ok(())
+}
+
+/// Reports response files closed after writing or renamed into place. A plain thread doing
+/// blocking reads keeps this free of `unsafe` fd registration; it ends with the process.
+fn watch_responses(dir: &Path, tx: mpsc::UnboundedSender<Cmd>) -> Result<(), String> {
+    let inotify =
+        Inotify::init(InitFlags::IN_CLOEXEC).map_err(|e| format!("cannot watch response files: {e}"))?;
+    inotify
+        .add_watch(dir, AddWatchFlags::IN_CLOSE_WRITE | AddWatchFlags::IN_MOVED_TO)
+        .map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
+    std::thread::Builder::new()
+        .name("response-watcher".into())
+        .spawn(move || {
+            loop {
+                match inotify.read_events() {
+                    Ok(events) => {
+                        for event in events {
+                            if let Some(name) = event.name
+                                && tx
+                                    .send(Cmd::ResponseClosed {
+                                        file_name: name.to_string_lossy().into_owned(),
+                                    })
+                                    .is_err()
+                            {
+                                return;
+                            }
+                        }
+                    }
+                    Err(nix::errno::Errno::EINTR) => {}
+                    Err(e) => {
+                        tracing::error!("reading inotify events failed: {e}");
+                        return;
+                    }
+                }
+            }
+        })
+        .map_err(|e| format!("cannot start the response watcher: {e}"))?;
+    Ok(())
+}
+
+enum Cmd {
+    GetTask {
+        name: String,
+        conn: u64,
+        reply: oneshot::Sender<Result<AgentMessage, String>>,
+    },
+    AgentGone {
+        conn: u64,
+    },
+    TaskUndelivered {
+        name: String,
+        key: Key,
+    },
+    Runner {
+        run_id: String,
+        conn: u64,
+        tx: mpsc::UnboundedSender<Reply>,
+    },
+    RunnerGone {
+        conn: u64,
+    },
+    Request {
+        request: Request,
+        reply: Option<oneshot::Sender<Reply>>,
+        runner: Option<mpsc::UnboundedSender<Reply>>,
+    },
+    ResponseClosed {
+        file_name: String,
+    },
+}
+
+struct Waiter {
+    name: String,
+    conn: u64,
+    reply: oneshot::Sender<Result<AgentMessage, String>>,
+}
+
+#[derive(Default)]
+struct Agent {
+    task: Option<Key>,
+    since_ms: u64,
+    kick_pending: bool,
+}
+
+/// Replies held back until the batch's commit.
+enum Outgoing {
+    Agent(oneshot::Sender<Result<AgentMessage, String>>, Result<AgentMessage, String>),
+    Reply(oneshot::Sender<Reply>, Reply),
+    Runner(mpsc::UnboundedSender<Reply>, Reply),
+    RemoveFile(std::path::PathBuf),
+}
+
+struct State {
+    paths: PoolPaths,
+    epoch: u64,
+    entries: HashMap<Key, Entry>,
+    /// (priority, seq) → key; priority 0 puts an undelivered task back at the front.
+    queue: BTreeMap<(u8, u64), Key>,
+    next_seq: u64,
+    waiting: VecDeque<Waiter>,
+    agents: HashMap<String, Agent>,
+    runners: HashMap<u128, (u64, mpsc::UnboundedSender<Reply>)>,
+    dirty: Vec<Key>,
+    deleted: Vec<Key>,
+    out: Vec<Outgoing>,
+    stop: Arc<watch::Sender<bool>>,
+    stopping: bool,
+}
+
+async fn actor(mut state: State, store: PoolStore, mut rx: mpsc::UnboundedReceiver<Cmd>) {
+    while let Some(first) = rx.recv().await {
+        state.apply(first);
+        let mut n = 1;
+        while n < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(cmd) => {
+                    state.apply(cmd);
+                    n += 1;
+                }
+                Err(_) => break,
+            }
+        }
+        state.assign_waiting();
+        let puts: Vec<(Key, Entry)> = std::mem::take(&mut state.dirty)
+            .into_iter()
+            .filter_map(|key| state.entries.get(&key).map(|e| (key, e.clone())))
+            .collect();
+        let deletes = std::mem::take(&mut state.deleted);
+        let put_refs: Vec<(Key, &Entry)> = puts.iter().map(|(k, e)| (*k, e)).collect();
+        let committed = tokio::task::block_in_place(|| store.commit(&put_refs, &deletes));
+        if let Err(e) = committed {
+            // Without a durable record nothing may be handed out; stop rather than lie.
+            tracing::error!("{e}");
+            eprintln!("drover-pool: {e}; stopping");
+            let _ = state.stop.send(true);
+            return;
+        }
+        for outgoing in std::mem::take(&mut state.out) {
+            match outgoing {
+                Outgoing::Agent(tx, message) => {
+                    if let Err(Ok(AgentMessage::Task { task_id, attempt, .. })) = tx.send(message) {
+                        tracing::debug!(task_id, attempt, "agent left before its task was sent");
+                    }
+                }
+                Outgoing::Reply(tx, reply) => {
+                    let _ = tx.send(reply);
+                }
+                Outgoing::Runner(tx, reply) => {
+                    let _ = tx.send(reply);
+                }
+                Outgoing::RemoveFile(path) => {
+                    let _ = std::fs::remove_file(path);
+                }
+            }
+        }
+        if state.stopping && state.waiting.is_empty() {
+            let _ = state.stop.send(true);
+        }
+    }
+}
+
+fn parse_key(key: &TaskKey) -> Result<Key, String> {
+    let run = Ulid::from_string(&key.run_id).map_err(|e| format!("bad run id `{}`: {e}", key.run_id))?;
+    let task = Ulid::from_string(&key.task_id).map_err(|e| format!("bad task id `{}`: {e}", key.task_id))?;
+    Ok((run.0, task.0, key.attempt))
+}
+
+fn task_key(task: &PoolTask) -> TaskKey {
+    TaskKey {
+        run_id: task.run_id.clone(),
+        task_id: task.task_id.clone(),
+        attempt: task.attempt,
+    }
+}
+
+impl State {
+    fn new(paths: PoolPaths, epoch: u64, stop: watch::Sender<bool>) -> Self {
+        Self {
+            paths,
+            epoch,
+            entries: HashMap::new(),
+            queue: BTreeMap::new(),
+            next_seq: 0,
+            waiting: VecDeque::new(),
+            agents: HashMap::new(),
+            runners: HashMap::new(),
+            dirty: Vec::new(),
+            deleted: Vec::new(),
+            out: Vec::new(),
+            stop: Arc::new(stop),
+            stopping: false,
+        }
+    }
+
+    fn load(&mut self, entries: Vec<(Key, Entry)>) {
+        for (key, entry) in entries {
+            match &entry.state {
+                EntryState::Queued { seq } => {
+                    self.queue.insert((1, *seq), key);
+                    self.next_seq = self.next_seq.max(seq + 1);
+                }
+                EntryState::Assigned { agent, since_ms, .. } => {
+                    let record = self.agents.entry(agent.clone()).or_default();
+                    record.task = Some(key);
+                    record.since_ms = *since_ms;
+                }
+                EntryState::Recalled { .. } | EntryState::Answered { .. } => {}
+            }
+            self.entries.insert(key, entry);
+        }
+    }
+
+    fn response_path(&self, key: Key) -> std::path::PathBuf {
+        self.paths.response_file(&Ulid(key.0).to_string(), &Ulid(key.1).to_string(), key.2)
+    }
+
+    fn apply(&mut self, cmd: Cmd) {
+        match cmd {
+            Cmd::GetTask { name, conn, reply } => self.get_task(name, conn, reply),
+            Cmd::AgentGone { conn } => self.waiting.retain(|w| w.conn != conn),
+            Cmd::TaskUndelivered { name, key } => {
+                if let Some(entry) = self.entries.get_mut(&key)
+                    && matches!(&entry.state, EntryState::Assigned { agent, .. } if *agent == name)
+                {
+                    let seq = self.next_seq;
+                    self.next_seq += 1;
+                    entry.state = EntryState::Queued { seq };
+                    self.queue.insert((0, seq), key);
+                    self.dirty.push(key);
+                    if let Some(agent) = self.agents.get_mut(&name) {
+                        agent.task = None;
+                    }
+                }
+            }
+            Cmd::Runner { run_id, conn, tx } => {
+                let Ok(run) = Ulid::from_string(&run_id) else {
+                    let _ = tx.send(Reply::Error {
+                        message: format!("bad run id `{run_id}`"),
+                    });
+                    return;
+                };
+                for (key, entry) in &self.entries {
+                    if key.0 == run.0
+                        && let EntryState::Answered { outcome, late } = &entry.state
+                    {
+                        self.out.push(Outgoing::Runner(
+                            tx.clone(),
+                            Reply::Answer {
+                                key: task_key(&entry.task),
+                                outcome: outcome.clone(),
+                                late: *late,
+                            },
+                        ));
+                    }
+                }
+                self.runners.insert(run.0, (conn, tx));
+            }
+            Cmd::RunnerGone { conn } => self.runners.retain(|_, (c, _)| *c != conn),
+            Cmd::ResponseClosed { file_name } => self.response_closed(&file_name),
+            Cmd::Request { request, reply, runner } => {
+                let answer = self.request(request, runner);
+                if let (Some(tx), Some(answer)) = (reply, answer) {
+                    self.out.push(Outgoing::Reply(tx, answer));
+                }
+            }
+        }
+    }
+
+    fn request(&mut self, request: Request, runner: Option<mpsc::UnboundedSender<Reply>>) -> Option<Reply> {
+        match request {
+            Request::Submit { tasks } => {
+                for task in tasks {
+                    let key = match parse_key(&task_key(&task)) {
+                        Ok(key) => key,
+                        Err(message) => return Some(Reply::Error { message }),
+                    };
+                    if let Some(existing) = self.entries.get(&key) {
+                        // Idempotent: an answered task is delivered again, anything else is
+                        // already on its way.
+                        if let (EntryState::Answered { outcome, late }, Some(tx)) = (&existing.state, &runner) {
+                            self.out.push(Outgoing::Runner(
+                                tx.clone(),
+                                Reply::Answer {
+                                    key: task_key(&existing.task),
+                                    outcome: outcome.clone(),
+                                    late: *late,
+                                },
+                            ));
+                        }
+                        continue;
+                    }
+                    let seq = self.next_seq;
+                    self.next_seq += 1;
+                    self.entries.insert(
+                        key,
+                        Entry {
+                            task,
+                            state: EntryState::Queued { seq },
+                            submitted_ms: now_ms(),
+                        },
+                    );
+                    self.queue.insert((1, seq), key);
+                    self.dirty.push(key);
+                }
+                Some(Reply::Ok)
+            }
+            Request::Recall { run_id, task_id, attempt } => {
+                let key = match parse_key(&TaskKey { run_id, task_id, attempt }) {
+                    Ok(key) => key,
+                    Err(message) => return Some(Reply::Error { message }),
+                };
+                let Some(entry) = self.entries.get_mut(&key) else {
+                    return Some(Reply::Ok);
+                };
+                match entry.state.clone() {
+                    EntryState::Queued { seq } => {
+                        self.queue.remove(&(1, seq));
+                        self.queue.remove(&(0, seq));
+                        self.entries.remove(&key);
+                        self.deleted.push(key);
+                    }
+                    EntryState::Assigned { agent, since_ms, .. } => {
+                        entry.state = EntryState::Recalled { agent, since_ms };
+                        self.dirty.push(key);
+                    }
+                    EntryState::Recalled { .. } | EntryState::Answered { .. } => {}
+                }
+                Some(Reply::Ok)
+            }
+            Request::Ack { keys } => {
+                for key in keys {
+                    let Ok(key) = parse_key(&key) else { continue };
+                    if matches!(self.entries.get(&key), Some(Entry { state: EntryState::Answered { .. }, .. })) {
+                        self.entries.remove(&key);
+                        self.deleted.push(key);
+                        self.out.push(Outgoing::RemoveFile(self.response_path(key)));
+                    }
+                }
+                None
+            }
+            Request::Status => Some(Reply::Status(self.status())),
+            Request::Kick { name } => Some(self.kick(&name)),
+            Request::Stop => {
+                self.stopping = true;
+                let _ = std::fs::write(self.paths.stopped_marker(), b"stopped by drover-pool stop\n");
+                for waiter in std::mem::take(&mut self.waiting) {
+                    self.out.push(Outgoing::Agent(
+                        waiter.reply,
+                        Ok(AgentMessage::Kicked {
+                            reason: "the pool was stopped".into(),
+                        }),
+                    ));
+                }
+                Some(Reply::Ok)
+            }
+            Request::GetTask { .. } | Request::Runner { .. } => Some(Reply::Error {
+                message: "unexpected request on this connection".into(),
+            }),
+        }
+    }
+
+    fn kick(&mut self, name: &str) -> Reply {
+        if let Some(position) = self.waiting.iter().position(|w| w.name == name)
+            && let Some(waiter) = self.waiting.remove(position)
+        {
+            self.agents.remove(name);
+            self.out.push(Outgoing::Agent(
+                waiter.reply,
+                Ok(AgentMessage::Kicked {
+                    reason: "kicked by drover-pool kick".into(),
+                }),
+            ));
+            return Reply::Ok;
+        }
+        match self.agents.get_mut(name) {
+            Some(agent) => {
+                agent.kick_pending = true;
+                Reply::Ok
+            }
+            None => Reply::Error {
+                message: format!("no agent named `{name}` is known to pool `{}`", self.paths.name),
+            },
+        }
+    }
+
+    fn get_task(&mut self, name: String, conn: u64, reply: oneshot::Sender<Result<AgentMessage, String>>) {
+        if self.stopping {
+            self.out.push(Outgoing::Agent(
+                reply,
+                Ok(AgentMessage::Kicked {
+                    reason: "the pool was stopped".into(),
+                }),
+            ));
+            return;
+        }
+        self.waiting.retain(|w| !w.reply.is_closed());
+        if self.waiting.iter().any(|w| w.name == name) {
+            self.out.push(Outgoing::Agent(
+                reply,
+                Err(format!("an agent named `{name}` is already waiting for a task in pool `{}`", self.paths.name)),
+            ));
+            return;
+        }
+        let agent = self.agents.entry(name.clone()).or_default();
+        if agent.kick_pending {
+            self.agents.remove(&name);
+            self.out.push(Outgoing::Agent(
+                reply,
+                Ok(AgentMessage::Kicked {
+                    reason: "kicked by drover-pool kick".into(),
+                }),
+            ));
+            return;
+        }
+        if let Some(key) = agent.task.take()
+            && let Some(resend) = self.settle_held_task(&name, key)
+        {
+            // Assigned by an earlier daemon that may have died before the agent got it: hand
+            // the same task over again rather than calling it abandoned.
+            if let Some(agent) = self.agents.get_mut(&name) {
+                agent.task = Some(key);
+                agent.since_ms = now_ms();
+            }
+            self.out.push(Outgoing::Agent(reply, Ok(resend)));
+            return;
+        }
+        if let Some(agent) = self.agents.get_mut(&name) {
+            agent.since_ms = now_ms();
+        }
+        self.waiting.push_back(Waiter { name, conn, reply });
+    }
+
+    /// The agent asks for new work while holding `key`: take its answer if the file is there,
+    /// otherwise it abandoned the task. Returns a task to resend instead (see `get_task`).
+    fn settle_held_task(&mut self, name: &str, key: Key) -> Option<AgentMessage> {
+        let path = self.response_path(key);
+        let entry = self.entries.get(&key)?;
+        let (late, assigned_epoch) = match &entry.state {
+            EntryState::Assigned { agent, epoch, .. } if agent == name => (false, *epoch),
+            EntryState::Recalled { agent, .. } if agent == name => (true, self.epoch),
+            _ => return None,
+        };
+        let outcome = match std::fs::read_to_string(&path) {
+            Ok(text) => AnswerOutcome::Answered { text },
+            Err(_) if !late && assigned_epoch != self.epoch => return Some(self.task_message(key)),
+            Err(_) => AnswerOutcome::Failed {
+                reason: ABANDONED.to_string(),
+            },
+        };
+        self.answer(key, outcome, late);
+        None
+    }
+
+    fn task_message(&self, key: Key) -> AgentMessage {
+        let task = self.entries.get(&key).map(|e| e.task.clone());
+        match task {
+            Some(task) => AgentMessage::Task {
+                task_id: task.task_id.clone(),
+                attempt: task.attempt,
+                response_file: self.response_path(key).display().to_string(),
+                instructions: task.instructions,
+                task: task.task,
+                next_steps: task.next_steps,
+            },
+            None => AgentMessage::Kicked {
+                reason: "internal error: the task vanished".into(),
+            },
+        }
+    }
+
+    fn answer(&mut self, key: Key, outcome: AnswerOutcome, late: bool) {
+        let Some(entry) = self.entries.get_mut(&key) else { return };
+        entry.state = EntryState::Answered {
+            outcome: outcome.clone(),
+            late,
+        };
+        self.dirty.push(key);
+        let reply = Reply::Answer {
+            key: task_key(&entry.task),
+            outcome,
+            late,
+        };
+        if let Some((_, tx)) = self.runners.get(&key.0) {
+            self.out.push(Outgoing::Runner(tx.clone(), reply));
+        }
+    }
+
+    fn response_closed(&mut self, file_name: &str) {
+        let Some(stem) = file_name.strip_suffix(".json") else { return };
+        let mut parts = stem.splitn(3, '-');
+        let (Some(run), Some(task), Some(attempt)) = (parts.next(), parts.next(), parts.next()) else {
+            return;
+        };
+        let Ok(attempt) = attempt.parse::<u32>() else { return };
+        let Ok(key) = parse_key(&TaskKey {
+            run_id: run.to_string(),
+            task_id: task.to_string(),
+            attempt,
+        }) else {
+            return;
+        };
+        let Some(entry) = self.entries.get(&key) else { return };
+        let (agent, late) = match &entry.state {
+            EntryState::Assigned { agent, .. } => (agent.clone(), false),
+            EntryState::Recalled { agent, .. } => (agent.clone(), true),
+            _ => return,
+        };
+        let outcome = match std::fs::read_to_string(self.response_path(key)) {
+            Ok(text) => AnswerOutcome::Answered { text },
+            Err(e) => AnswerOutcome::Failed {
+                reason: format!("cannot read the response file: {e}"),
+            },
+        };
+        if let Some(record) = self.agents.get_mut(&agent)
+            && record.task == Some(key)
+        {
+            record.task = None;
+            record.since_ms = now_ms();
+        }
+        self.answer(key, outcome, late);
+    }
+
+    /// Hands queued tasks to waiting agents, first come first served.
+    fn assign_waiting(&mut self) {
+        while !self.queue.is_empty() {
+            let Some(waiter) = self.waiting.pop_front() else { return };
+            if waiter.reply.is_closed() {
+                continue;
+            }
+            let Some((_, key)) = self.queue.pop_first() else {
+                self.waiting.push_front(waiter);
+                return;
+            };
+            let now = now_ms();
+            if let Some(entry) = self.entries.get_mut(&key) {
+                entry.state = EntryState::Assigned {
+                    agent: waiter.name.clone(),
+                    since_ms: now,
+                    epoch: self.epoch,
+                };
+                self.dirty.push(key);
+            }
+            let agent = self.agents.entry(waiter.name.clone()).or_default();
+            agent.task = Some(key);
+            agent.since_ms = now;
+            let message = self.task_message(key);
+            self.out.push(Outgoing::Agent(waiter.reply, Ok(message)));
+        }
+    }
+
+    fn status(&self) -> StatusReport {
+        let mut agents: Vec<AgentStatus> = self
+            .agents
+            .iter()
+            .map(|(name, agent)| {
+                let waiting = self.waiting.iter().any(|w| w.name == *name);
+                let task = agent.task.and_then(|key| self.entries.get(&key)).map(|e| task_key(&e.task));
+                AgentStatus {
+                    name: name.clone(),
+                    state: if task.is_some() {
+                        "busy".into()
+                    } else if waiting {
+                        "idle".into()
+                    } else {
+                        "away".into()
+                    },
+                    task,
+                    since_ms: agent.since_ms,
+                }
+            })
+            .collect();
+        agents.sort_by(|a, b| a.name.cmp(&b.name));
+        let count = |f: fn(&EntryState) -> bool| self.entries.values().filter(|e| f(&e.state)).count() as u64;
+        StatusReport {
+            pool: self.paths.name.clone(),
+            agents,
+            queued: self.queue.len() as u64,
+            assigned: count(|s| matches!(s, EntryState::Assigned { .. } | EntryState::Recalled { .. })),
+            undelivered: count(|s| matches!(s, EntryState::Answered { .. })),
+        }
+    }
+}
+
+async fn handle_connection(stream: UnixStream, tx: mpsc::UnboundedSender<Cmd>, conn: u64) {
+    let (mut reader, mut writer) = split(stream);
+    let first: Request = match reader.recv().await {
+        Ok(Some(request)) => request,
+        Ok(None) => return,
+        Err(e) => {
+            let _ = writer
+                .send(&Reply::Error {
+                    message: e.to_string(),
+                })
+                .await;
+            return;
+        }
+    };
+    match first {
+        Request::GetTask { name } => {
+            let (reply_tx, reply_rx) = oneshot::channel();
+            if tx
+                .send(Cmd::GetTask {
+                    name: name.clone(),
+                    conn,
+                    reply: reply_tx,
+                })
+                .is_err()
+            {
+                return;
+            }
+            tokio::select! {
+                reply = reply_rx => match reply {
+                    Ok(Ok(message)) => {
+                        if writer.send(&message).await.is_err()
+                            && let AgentMessage::Task { task_id, attempt, .. } = &message
+                            && let Some(key) = find_key(&message, task_id, *attempt)
+                        {
+                            let _ = tx.send(Cmd::TaskUndelivered { name, key });
+                        }
+                    }
+                    Ok(Err(message)) => {
+                        let _ = writer.send(&Reply::Error { message }).await;
+                    }
+                    Err(_) => {}
+                },
+                _ = reader.recv::<serde_json::Value>() => {
+                    let _ = tx.send(Cmd::AgentGone { conn });
+                }
+            }
+        }
+        Request::Runner { run_id } => {
+            let (runner_tx, mut runner_rx) = mpsc::unbounded_channel();
+            if tx
+                .send(Cmd::Runner {
+                    run_id,
+                    conn,
+                    tx: runner_tx.clone(),
+                })
+                .is_err()
+            {
+                return;
+            }
+            loop {
+                tokio::select! {
+                    outgoing = runner_rx.recv() => match outgoing {
+                        Some(reply) => if writer.send(&reply).await.is_err() { break },
+                        None => break,
+                    },
+                    incoming = reader.recv::<Request>() => match incoming {
+                        Ok(Some(request)) => {
+                            let cmd = Cmd::Request { request, reply: None, runner: Some(runner_tx.clone()) };
+                            if tx.send(cmd).is_err() { break }
+                        }
+                        Ok(None) => break,
+                        Err(e) => {
+                            let _ = writer.send(&Reply::Error { message: e.to_string() }).await;
+                            break;
+                        }
+                    },
+                }
+            }
+            let _ = tx.send(Cmd::RunnerGone { conn });
+        }
+        request => {
+            let (reply_tx, reply_rx) = oneshot::channel();
+            let cmd = Cmd::Request {
+                request,
+                reply: Some(reply_tx),
+                runner: None,
+            };
+            if tx.send(cmd).is_err() {
+                return;
+            }
+            if let Ok(reply) = reply_rx.await {
+                let _ = writer.send(&reply).await;
+            }
+        }
+    }
+}
+
+fn find_key(message: &AgentMessage, task_id: &str, attempt: u32) -> Option<Key> {
+    let AgentMessage::Task { response_file, .. } = message else {
+        return None;
+    };
+    // The run id is the first part of the response file name.
+    let name = Path::new(response_file).file_name()?.to_string_lossy().into_owned();
+    let run = name.split('-').next()?.to_string();
+    parse_key(&TaskKey {
+        run_id: run,
+        task_id: task_id.to_string(),
+        attempt,
+    })
+    .ok()
+}

@@ -1,0 +1,139 @@
+//! Every message that crosses the pool's Unix socket, shared by the daemon, the runner and the
+//! agent side. One JSON object per line. The agent-facing messages (`AgentMessage`) are also
+//! exactly what `drover-pool get-task` prints, so agents see the same format the daemon sends.
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+/// `{"kind": …, "value": …}` as in the workflow config.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TaskRef {
+    pub kind: String,
+    pub value: Value,
+}
+
+/// A step the agent may answer with, and the schema its value must satisfy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NextStep {
+    pub kind: String,
+    pub value_schema: Value,
+}
+
+/// What a runner hands the pool. Identified by (run_id, task_id, attempt); submitting the same
+/// one again changes nothing.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolTask {
+    pub run_id: String,
+    pub task_id: String,
+    pub attempt: u32,
+    pub instructions: String,
+    pub task: TaskRef,
+    pub next_steps: Vec<NextStep>,
+}
+
+/// What `get-task` prints: a task to do, or an order to exit.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind")]
+pub enum AgentMessage {
+    Task {
+        task_id: String,
+        attempt: u32,
+        response_file: String,
+        instructions: String,
+        task: TaskRef,
+        next_steps: Vec<NextStep>,
+    },
+    Kicked {
+        reason: String,
+    },
+}
+
+/// How an agent's work on a task ended, as the pool saw it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "outcome")]
+pub enum AnswerOutcome {
+    /// The complete response file's text (validated by the runner).
+    Answered { text: String },
+    /// No usable answer (the agent abandoned the task, the file was unreadable, …).
+    Failed { reason: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum Request {
+    /// An agent asks for work; answered by one `AgentMessage` line.
+    GetTask {
+        name: String,
+    },
+    /// This connection is the runner of `run_id`: answers for it are delivered here,
+    /// including those that arrived while no runner was connected.
+    Runner {
+        run_id: String,
+    },
+    /// Queue tasks (from the runner connection).
+    Submit {
+        tasks: Vec<PoolTask>,
+    },
+    /// The runner gave up on a task (action timeout): a later answer is kept, never delivered
+    /// as live.
+    Recall {
+        run_id: String,
+        task_id: String,
+        attempt: u32,
+    },
+    /// The runner recorded these answers; the pool may forget them.
+    Ack {
+        keys: Vec<TaskKey>,
+    },
+    Status,
+    Kick {
+        name: String,
+    },
+    Stop,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TaskKey {
+    pub run_id: String,
+    pub task_id: String,
+    pub attempt: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum Reply {
+    Ok,
+    Error {
+        message: String,
+    },
+    /// Pushed to the runner connection.
+    Answer {
+        key: TaskKey,
+        outcome: AnswerOutcome,
+        /// The runner had recalled the task: record it, do not apply it.
+        late: bool,
+    },
+    Status(StatusReport),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusReport {
+    pub pool: String,
+    pub agents: Vec<AgentStatus>,
+    /// Tasks waiting for an agent.
+    pub queued: u64,
+    /// Tasks an agent is working on.
+    pub assigned: u64,
+    /// Answers not yet acknowledged by their runner.
+    pub undelivered: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentStatus {
+    pub name: String,
+    /// "idle" (waiting in get-task) or "busy".
+    pub state: String,
+    pub task: Option<TaskKey>,
+    /// Milliseconds since the epoch when it entered that state.
+    pub since_ms: u64,
+}

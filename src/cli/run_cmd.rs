@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
+use std::time::Duration;
 
 use clap::Args;
 use serde_json::Value;
@@ -16,6 +17,8 @@ use crate::engine::answer::{Allowed, NewTask, validate_tasks};
 use crate::engine::config::{self, Action, Workflow};
 use crate::engine::driver::{self, Driver, RunSummary};
 use crate::engine::run_lock::RunLock;
+use crate::pool::paths::PoolArgs;
+use crate::pool::runner_client::PoolClient;
 use crate::store::{RunStatus, Store};
 
 #[derive(Debug, Args)]
@@ -32,6 +35,8 @@ pub struct RunArgs {
     pub initial_state: Option<String>,
     #[command(flatten)]
     pub state: StateDirArg,
+    #[command(flatten)]
+    pub pool: PoolConnectArgs,
 }
 
 #[derive(Debug, Args)]
@@ -40,22 +45,49 @@ pub struct ResumeArgs {
     pub run_id: Option<String>,
     #[command(flatten)]
     pub state: StateDirArg,
+    #[command(flatten)]
+    pub pool: PoolConnectArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct PoolConnectArgs {
+    #[command(flatten)]
+    pub location: PoolArgs,
+    /// Seconds to wait at start for the pool daemon (only when the workflow has Pool steps)
+    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
+    pub pool_wait: f64,
 }
 
 pub fn run(args: RunArgs) -> CliResult {
     let workflow = config::load(&args.config)?;
-    refuse_pool_steps(&workflow)?;
     let (entry_value, first_tasks) = first_tasks(&workflow, &args)?;
     let state_dir = args.state.resolve();
     let store = Arc::new(Store::open(&state_dir).map_err(CliError::unavailable)?);
     let snapshot = serde_json::to_string(&workflow.resolved).map_err(CliError::invalid)?;
-    let run_id = driver::create_run(&store, &workflow, snapshot, &entry_value, first_tasks)
-        .map_err(CliError::unavailable)?;
+    let run_id = Ulid::generate();
+    let workflow = Arc::new(workflow);
+    // The pool is reached before the run is recorded, so an unreachable pool records nothing.
+    let mut session = Session::start(
+        store.clone(),
+        run_id,
+        workflow.clone(),
+        state_dir.clone(),
+        &args.pool,
+    )?;
+    driver::create_run(
+        &store,
+        run_id,
+        &workflow,
+        snapshot,
+        &entry_value,
+        first_tasks,
+    )
+    .map_err(CliError::unavailable)?;
     eprintln!(
         "drover: run {run_id} started (state: {})",
         state_dir.display()
     );
-    drive(store, run_id, Arc::new(workflow), state_dir)
+    session.drive()
 }
 
 pub fn resume(args: ResumeArgs) -> CliResult {
@@ -99,24 +131,9 @@ pub fn resume(args: ResumeArgs) -> CliResult {
                 "the config snapshot stored with run {run_id} no longer loads:\n{e}"
             ))
         })?;
-    refuse_pool_steps(&workflow)?;
+    let mut session = Session::start(store, run_id, Arc::new(workflow), state_dir, &args.pool)?;
     eprintln!("drover: resuming run {run_id}");
-    drive(store, run_id, Arc::new(workflow), state_dir)
-}
-
-fn refuse_pool_steps(workflow: &Workflow) -> Result<(), CliError> {
-    if let Some(step) = workflow
-        .steps
-        .iter()
-        .find(|s| matches!(s.action, Action::Pool { .. }))
-    {
-        return Err(CliError::invalid(format!(
-            "{}: step `{}` has a Pool action, and this build of drover cannot dispatch to a pool yet",
-            workflow.path.display(),
-            step.name
-        )));
-    }
-    Ok(())
+    session.drive()
 }
 
 fn first_tasks(workflow: &Workflow, args: &RunArgs) -> Result<(Value, Vec<NewTask>), CliError> {
@@ -148,34 +165,83 @@ fn first_tasks(workflow: &Workflow, args: &RunArgs) -> Result<(Value, Vec<NewTas
     Ok((value, vec![task]))
 }
 
-fn drive(
-    store: Arc<Store>,
-    run_id: Ulid,
-    workflow: Arc<Workflow>,
-    state_dir: PathBuf,
-) -> CliResult {
-    let _lock = RunLock::acquire(&state_dir, run_id).map_err(CliError::invalid)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| CliError::unavailable(format!("cannot start the async runtime: {e}")))?;
-    let driver = Driver::new(store, run_id, workflow, state_dir, runtime.handle().clone());
-    let interrupt = driver.interrupter();
-    runtime.spawn(async move {
-        wait_for_stop_signal().await;
-        interrupt();
-    });
-    let mut progress = Progress::new();
-    let result = driver.run(&mut progress);
-    progress.finish();
-    let summary = result.map_err(CliError::unavailable)?;
-    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
-    report(&summary);
-    Ok(ExitCode::from(match summary.status {
-        RunStatus::Completed => 0,
-        RunStatus::Failed => exit::FAILED_TASKS,
-        RunStatus::Interrupted | RunStatus::Running => exit::INTERRUPTED,
-    }))
+/// Everything a run needs before its first dispatch: the run lock, the async runtime, and the
+/// pool connection when the workflow has Pool steps.
+struct Session {
+    runtime: tokio::runtime::Runtime,
+    driver: Option<Driver>,
+    _lock: RunLock,
+}
+
+impl Session {
+    fn start(
+        store: Arc<Store>,
+        run_id: Ulid,
+        workflow: Arc<Workflow>,
+        state_dir: PathBuf,
+        pool: &PoolConnectArgs,
+    ) -> Result<Self, CliError> {
+        let lock = RunLock::acquire(&state_dir, run_id).map_err(CliError::invalid)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| CliError::unavailable(format!("cannot start the async runtime: {e}")))?;
+        let mut driver = Driver::new(
+            store,
+            run_id,
+            workflow.clone(),
+            state_dir,
+            runtime.handle().clone(),
+        );
+        if workflow
+            .steps
+            .iter()
+            .any(|s| matches!(s.action, Action::Pool { .. }))
+        {
+            let wait = Duration::try_from_secs_f64(pool.pool_wait).map_err(|_| {
+                CliError::invalid(format!(
+                    "--pool-wait {} is not a number of seconds",
+                    pool.pool_wait
+                ))
+            })?;
+            let client = runtime
+                .block_on(PoolClient::connect(
+                    pool.location.paths(),
+                    run_id.to_string(),
+                    wait,
+                    driver.late_answer_sink(),
+                ))
+                .map_err(CliError::unavailable)?;
+            driver.attach_pool(client);
+        }
+        Ok(Self {
+            runtime,
+            driver: Some(driver),
+            _lock: lock,
+        })
+    }
+
+    fn drive(&mut self) -> CliResult {
+        let driver = self
+            .driver
+            .take()
+            .ok_or_else(|| CliError::unavailable("internal: the run was already driven"))?;
+        let interrupt = driver.interrupter();
+        self.runtime.spawn(async move {
+            wait_for_stop_signal().await;
+            interrupt();
+        });
+        let mut progress = Progress::new();
+        let result = driver.run(&mut progress);
+        progress.finish();
+        let summary = result.map_err(CliError::unavailable)?;
+        report(&summary);
+        Ok(ExitCode::from(match summary.status {
+            RunStatus::Completed => 0,
+            RunStatus::Failed => exit::FAILED_TASKS,
+            RunStatus::Interrupted | RunStatus::Running => exit::INTERRUPTED,
+        }))
+    }
 }
 
 async fn wait_for_stop_signal() {

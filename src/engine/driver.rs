@@ -22,6 +22,8 @@ use super::answer::NewTask;
 use super::config::{Action, Step, Workflow};
 use super::lifecycle::{self, ActionOutcome, Decision, Effect, HookOutcome};
 use super::process::{ProcessOutcome, ProcessSpec, ProcessTracker};
+use crate::pool::protocol::{AnswerOutcome, PoolTask, TaskKey, TaskRef};
+use crate::pool::runner_client::{LateAnswerSink, PoolClient};
 use crate::store::tables::FINALLY_CODE;
 use crate::store::{
     FinallyState, HookLogV1, Phase, RunStatus, RunV1, Stage, Store, StoreError, TaskV1,
@@ -71,6 +73,12 @@ enum Event {
         phase: Phase,
         outcome: PhaseResult,
         log: Option<HookLogV1>,
+        /// The pool answer this event carries, acknowledged once committed.
+        pool_key: Option<TaskKey>,
+    },
+    LateAnswer {
+        key: TaskKey,
+        outcome: AnswerOutcome,
     },
     Finally {
         task: u128,
@@ -102,12 +110,12 @@ enum JobKind {
 /// Creates a run record with its first tasks, returning the run id.
 pub fn create_run(
     store: &Store,
+    run_id: Ulid,
     workflow: &Workflow,
     config_snapshot: String,
     entrypoint_value: &Value,
     first_tasks: Vec<NewTask>,
-) -> Result<Ulid, DriverError> {
-    let run_id = Ulid::generate();
+) -> Result<(), DriverError> {
     let now = now_ms();
     let mut ids = ulid::Generator::new();
     store.write(|w| {
@@ -138,7 +146,7 @@ pub fn create_run(
         )?;
         w.put_run(run_id.0, &run)
     })?;
-    Ok(run_id)
+    Ok(())
 }
 
 /// Inserts queued tasks; returns how many (the caller adds them to the parent's counter).
@@ -229,6 +237,8 @@ pub struct Driver {
     in_flight_by_step: Vec<usize>,
     finally_running: usize,
     interrupted: bool,
+    pool: Option<PoolClient>,
+    acks: Vec<TaskKey>,
 }
 
 impl Driver {
@@ -255,7 +265,23 @@ impl Driver {
             in_flight_by_step: vec![0; steps],
             finally_running: 0,
             interrupted: false,
+            pool: None,
+            acks: Vec::new(),
         }
+    }
+
+    /// Where the pool client reports answers that came after their task was recalled.
+    pub fn late_answer_sink(&self) -> LateAnswerSink {
+        let tx = std::sync::Mutex::new(self.events_tx.clone());
+        Box::new(move |key, outcome| {
+            if let Ok(tx) = tx.lock() {
+                let _ = tx.send(Event::LateAnswer { key, outcome });
+            }
+        })
+    }
+
+    pub fn attach_pool(&mut self, client: PoolClient) {
+        self.pool = Some(client);
     }
 
     /// A handle that stops the run gracefully (SIGINT/SIGTERM): no new dispatches, running
@@ -298,6 +324,9 @@ impl Driver {
                 w.put_run(self.run_id, &run)?;
                 Ok((std::mem::take(&mut jobs), run, wake))
             })?;
+            if let Some(pool) = &self.pool {
+                pool.ack(std::mem::take(&mut self.acks));
+            }
             progress.update(&run, self.in_flight + self.finally_running);
             if run.status != RunStatus::Running {
                 if self.interrupted {
@@ -421,13 +450,51 @@ impl Driver {
                 self.tracker.kill_all();
                 Ok(())
             }
+            Event::LateAnswer { key, outcome } => {
+                self.acks.push(key.clone());
+                let Ok(task_id) = Ulid::from_string(&key.task_id) else {
+                    return Ok(());
+                };
+                let text = match outcome {
+                    AnswerOutcome::Answered { text } => text,
+                    AnswerOutcome::Failed { reason } => reason,
+                };
+                let truncated = text.len() > STDERR_TAIL;
+                let mut cut = text.len().min(STDERR_TAIL);
+                while !text.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                // A sequence number of its own, so it cannot overwrite another log entry.
+                let seq = run.next_transition;
+                run.next_transition += 1;
+                w.hook_log(
+                    self.run_id,
+                    task_id.0,
+                    seq,
+                    HookLogV1 {
+                        attempt: key.attempt,
+                        phase: "late-answer".into(),
+                        outcome:
+                            "the agent answered after the action timed out; recorded, not applied"
+                                .into(),
+                        stderr: text[..cut].to_string(),
+                        stderr_truncated: truncated,
+                        at_ms: now,
+                    },
+                )?;
+                Ok(())
+            }
             Event::Phase {
                 task: task_id,
                 attempt,
                 phase,
                 outcome,
                 log,
+                pool_key,
             } => {
+                if let Some(key) = pool_key {
+                    self.acks.push(key);
+                }
                 let Some(mut task) = w.task(self.run_id, task_id)? else {
                     return Ok(());
                 };
@@ -724,6 +791,74 @@ impl Driver {
             return;
         };
         let tx = self.events_tx.clone();
+        if let (JobKind::Phase(Effect::Action { value }), Action::Pool { instructions }) =
+            (&job.kind, &step.action)
+        {
+            let next_steps = super::instructions::next_steps(&self.workflow, &step);
+            let task = PoolTask {
+                run_id: Ulid(self.run_id).to_string(),
+                task_id: Ulid(job.task).to_string(),
+                attempt: job.attempt,
+                instructions: super::instructions::render(instructions, &step, &next_steps),
+                task: TaskRef {
+                    kind: step.name.clone(),
+                    value: serde_json::from_str(value).unwrap_or(Value::Null),
+                },
+                next_steps,
+            };
+            let key = TaskKey {
+                run_id: task.run_id.clone(),
+                task_id: task.task_id.clone(),
+                attempt: task.attempt,
+            };
+            let Some(pool) = self.pool.clone() else {
+                let _ = tx.send(Event::Phase {
+                    task: job.task,
+                    attempt: job.attempt,
+                    phase: Phase::Action,
+                    outcome: PhaseResult::Action(ActionOutcome::Failed(
+                        "no pool is connected".into(),
+                    )),
+                    log: None,
+                    pool_key: None,
+                });
+                return;
+            };
+            // Registered now, in dispatch order, so an answer the pool kept is claimed.
+            let answer = pool.dispatch(task);
+            let timeout = step.options.timeout;
+            self.runtime.spawn(async move {
+                let outcome = match timeout {
+                    Some(limit) => tokio::time::timeout(limit, answer).await.ok(),
+                    None => Some(answer.await),
+                };
+                let (outcome, pool_key) = match outcome {
+                    None => {
+                        pool.recall(key);
+                        (ActionOutcome::TimedOut, None)
+                    }
+                    Some(Err(_)) => (
+                        ActionOutcome::Failed("the pool connection closed".into()),
+                        None,
+                    ),
+                    Some(Ok(AnswerOutcome::Answered { text })) => {
+                        (ActionOutcome::Answered(text), Some(key))
+                    }
+                    Some(Ok(AnswerOutcome::Failed { reason })) => {
+                        (ActionOutcome::Failed(reason), Some(key))
+                    }
+                };
+                let _ = tx.send(Event::Phase {
+                    task: job.task,
+                    attempt: job.attempt,
+                    phase: Phase::Action,
+                    outcome: PhaseResult::Action(outcome),
+                    log: None,
+                    pool_key,
+                });
+            });
+            return;
+        }
         let tracker = self.tracker.clone();
         let base_dir = self.workflow.base_dir.clone();
         let env = vec![
@@ -780,14 +915,16 @@ async fn perform(
                 )
             }
             Action::Pool { .. } => {
+                // Pool actions are launched by `Driver::launch`, never here.
                 return Event::Phase {
                     task: job.task,
                     attempt: job.attempt,
                     phase: Phase::Action,
                     outcome: PhaseResult::Action(ActionOutcome::Failed(
-                        "Pool actions are not supported by this build".into(),
+                        "internal: pool action run as a process".into(),
                     )),
                     log: None,
+                    pool_key: None,
                 };
             }
         },
@@ -833,6 +970,7 @@ async fn perform(
                 phase,
                 outcome,
                 log,
+                pool_key: None,
             }
         }
     }

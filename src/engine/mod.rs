@@ -3,6 +3,7 @@
 pub mod answer;
 pub mod config;
 pub mod driver;
+pub mod instructions;
 pub mod lifecycle;
 pub mod process;
 pub mod run_lock;

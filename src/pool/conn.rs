@@ -46,21 +46,27 @@ impl LineReader {
                 return Ok(None);
             }
             if self.buf.len() > MAX_LINE {
-                return Err(io::Error::new(io::ErrorKind::InvalidData, "message too long"));
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    "message too long",
+                ));
             }
             if self.buf.trim().is_empty() {
                 continue;
             }
             return serde_json::from_str(self.buf.trim_end())
                 .map(Some)
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("bad message: {e}")));
+                .map_err(|e| {
+                    io::Error::new(io::ErrorKind::InvalidData, format!("bad message: {e}"))
+                });
         }
     }
 }
 
 impl LineWriter {
     pub async fn send<T: Serialize>(&mut self, message: &T) -> io::Result<()> {
-        let mut line = serde_json::to_vec(message).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        let mut line = serde_json::to_vec(message)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
         line.push(b'\n');
         self.inner.write_all(&line).await?;
         self.inner.flush().await

@@ -24,7 +24,9 @@ use ulid::Ulid;
 
 use super::conn::split;
 use super::paths::PoolPaths;
-use super::protocol::{AgentMessage, AgentStatus, AnswerOutcome, PoolTask, Reply, Request, StatusReport, TaskKey};
+use super::protocol::{
+    AgentMessage, AgentStatus, AnswerOutcome, PoolTask, Reply, Request, StatusReport, TaskKey,
+};
 use super::store::{Entry, EntryState, Key, PoolStore};
 
 const MAX_BATCH: usize = 4096;
@@ -64,9 +66,11 @@ pub async fn run(paths: PoolPaths) -> Result<(), String> {
     // Holding the lock means any socket file left is a stale one from a killed daemon.
     let socket = paths.socket();
     if socket.exists() {
-        std::fs::remove_file(&socket).map_err(|e| format!("cannot remove stale socket {}: {e}", socket.display()))?;
+        std::fs::remove_file(&socket)
+            .map_err(|e| format!("cannot remove stale socket {}: {e}", socket.display()))?;
     }
-    let listener = UnixListener::bind(&socket).map_err(|e| format!("cannot listen on {}: {e}", socket.display()))?;
+    let listener = UnixListener::bind(&socket)
+        .map_err(|e| format!("cannot listen on {}: {e}", socket.display()))?;
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| format!("cannot restrict {}: {e}", socket.display()))?;
     let _ = std::fs::remove_file(paths.stopped_marker());
@@ -80,9 +84,13 @@ pub async fn run(paths: PoolPaths) -> Result<(), String> {
     watch_responses(&paths.responses(), tx.clone())?;
     // Answers written while no daemon was running are picked up now.
     for (key, entry) in &state.entries {
-        if matches!(entry.state, EntryState::Assigned { .. } | EntryState::Recalled { .. }) {
+        if matches!(
+            entry.state,
+            EntryState::Assigned { .. } | EntryState::Recalled { .. }
+        ) {
             let path = state.response_path(*key);
-            if std::fs::read_to_string(&path).is_ok_and(|text| serde_json::from_str::<serde_json::Value>(&text).is_ok())
+            if std::fs::read_to_string(&path)
+                .is_ok_and(|text| serde_json::from_str::<serde_json::Value>(&text).is_ok())
                 && let Some(name) = path.file_name()
             {
                 let _ = tx.send(Cmd::ResponseClosed {
@@ -93,7 +101,11 @@ pub async fn run(paths: PoolPaths) -> Result<(), String> {
     }
     let actor = tokio::spawn(actor(state, store, rx));
     tracing::info!(pool = %paths.name, socket = %socket.display(), "pool daemon started");
-    eprintln!("drover-pool: pool `{}` listening on {}", paths.name, socket.display());
+    eprintln!(
+        "drover-pool: pool `{}` listening on {}",
+        paths.name,
+        socket.display()
+    );
 
     let mut next_conn = 0u64;
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -122,10 +134,13 @@ pub async fn run(paths: PoolPaths) -> Result<(), String> {
 /// Reports response files closed after writing or renamed into place. A plain thread doing
 /// blocking reads keeps this free of `unsafe` fd registration; it ends with the process.
 fn watch_responses(dir: &Path, tx: mpsc::UnboundedSender<Cmd>) -> Result<(), String> {
-    let inotify =
-        Inotify::init(InitFlags::IN_CLOEXEC).map_err(|e| format!("cannot watch response files: {e}"))?;
+    let inotify = Inotify::init(InitFlags::IN_CLOEXEC)
+        .map_err(|e| format!("cannot watch response files: {e}"))?;
     inotify
-        .add_watch(dir, AddWatchFlags::IN_CLOSE_WRITE | AddWatchFlags::IN_MOVED_TO)
+        .add_watch(
+            dir,
+            AddWatchFlags::IN_CLOSE_WRITE | AddWatchFlags::IN_MOVED_TO,
+        )
         .map_err(|e| format!("cannot watch {}: {e}", dir.display()))?;
     std::thread::Builder::new()
         .name("response-watcher".into())
@@ -203,7 +218,10 @@ struct Agent {
 
 /// Replies held back until the batch's commit.
 enum Outgoing {
-    Agent(oneshot::Sender<Result<AgentMessage, String>>, Result<AgentMessage, String>),
+    Agent(
+        oneshot::Sender<Result<AgentMessage, String>>,
+        Result<AgentMessage, String>,
+    ),
     Reply(oneshot::Sender<Reply>, Reply),
     Runner(mpsc::UnboundedSender<Reply>, Reply),
     RemoveFile(std::path::PathBuf),
@@ -257,7 +275,10 @@ async fn actor(mut state: State, store: PoolStore, mut rx: mpsc::UnboundedReceiv
         for outgoing in std::mem::take(&mut state.out) {
             match outgoing {
                 Outgoing::Agent(tx, message) => {
-                    if let Err(Ok(AgentMessage::Task { task_id, attempt, .. })) = tx.send(message) {
+                    if let Err(Ok(AgentMessage::Task {
+                        task_id, attempt, ..
+                    })) = tx.send(message)
+                    {
                         tracing::debug!(task_id, attempt, "agent left before its task was sent");
                     }
                 }
@@ -279,8 +300,10 @@ async fn actor(mut state: State, store: PoolStore, mut rx: mpsc::UnboundedReceiv
 }
 
 fn parse_key(key: &TaskKey) -> Result<Key, String> {
-    let run = Ulid::from_string(&key.run_id).map_err(|e| format!("bad run id `{}`: {e}", key.run_id))?;
-    let task = Ulid::from_string(&key.task_id).map_err(|e| format!("bad task id `{}`: {e}", key.task_id))?;
+    let run =
+        Ulid::from_string(&key.run_id).map_err(|e| format!("bad run id `{}`: {e}", key.run_id))?;
+    let task = Ulid::from_string(&key.task_id)
+        .map_err(|e| format!("bad task id `{}`: {e}", key.task_id))?;
     Ok((run.0, task.0, key.attempt))
 }
 
@@ -318,7 +341,9 @@ impl State {
                     self.queue.insert((1, *seq), key);
                     self.next_seq = self.next_seq.max(seq + 1);
                 }
-                EntryState::Assigned { agent, since_ms, .. } => {
+                EntryState::Assigned {
+                    agent, since_ms, ..
+                } => {
                     let record = self.agents.entry(agent.clone()).or_default();
                     record.task = Some(key);
                     record.since_ms = *since_ms;
@@ -330,7 +355,8 @@ impl State {
     }
 
     fn response_path(&self, key: Key) -> std::path::PathBuf {
-        self.paths.response_file(&Ulid(key.0).to_string(), &Ulid(key.1).to_string(), key.2)
+        self.paths
+            .response_file(&Ulid(key.0).to_string(), &Ulid(key.1).to_string(), key.2)
     }
 
     fn apply(&mut self, cmd: Cmd) {
@@ -376,7 +402,11 @@ impl State {
             }
             Cmd::RunnerGone { conn } => self.runners.retain(|_, (c, _)| *c != conn),
             Cmd::ResponseClosed { file_name } => self.response_closed(&file_name),
-            Cmd::Request { request, reply, runner } => {
+            Cmd::Request {
+                request,
+                reply,
+                runner,
+            } => {
                 let answer = self.request(request, runner);
                 if let (Some(tx), Some(answer)) = (reply, answer) {
                     self.out.push(Outgoing::Reply(tx, answer));
@@ -385,7 +415,11 @@ impl State {
         }
     }
 
-    fn request(&mut self, request: Request, runner: Option<mpsc::UnboundedSender<Reply>>) -> Option<Reply> {
+    fn request(
+        &mut self,
+        request: Request,
+        runner: Option<mpsc::UnboundedSender<Reply>>,
+    ) -> Option<Reply> {
         match request {
             Request::Submit { tasks } => {
                 for task in tasks {
@@ -396,7 +430,9 @@ impl State {
                     if let Some(existing) = self.entries.get(&key) {
                         // Idempotent: an answered task is delivered again, anything else is
                         // already on its way.
-                        if let (EntryState::Answered { outcome, late }, Some(tx)) = (&existing.state, &runner) {
+                        if let (EntryState::Answered { outcome, late }, Some(tx)) =
+                            (&existing.state, &runner)
+                        {
                             self.out.push(Outgoing::Runner(
                                 tx.clone(),
                                 Reply::Answer {
@@ -423,8 +459,16 @@ impl State {
                 }
                 Some(Reply::Ok)
             }
-            Request::Recall { run_id, task_id, attempt } => {
-                let key = match parse_key(&TaskKey { run_id, task_id, attempt }) {
+            Request::Recall {
+                run_id,
+                task_id,
+                attempt,
+            } => {
+                let key = match parse_key(&TaskKey {
+                    run_id,
+                    task_id,
+                    attempt,
+                }) {
                     Ok(key) => key,
                     Err(message) => return Some(Reply::Error { message }),
                 };
@@ -438,7 +482,9 @@ impl State {
                         self.entries.remove(&key);
                         self.deleted.push(key);
                     }
-                    EntryState::Assigned { agent, since_ms, .. } => {
+                    EntryState::Assigned {
+                        agent, since_ms, ..
+                    } => {
                         entry.state = EntryState::Recalled { agent, since_ms };
                         self.dirty.push(key);
                     }
@@ -449,7 +495,13 @@ impl State {
             Request::Ack { keys } => {
                 for key in keys {
                     let Ok(key) = parse_key(&key) else { continue };
-                    if matches!(self.entries.get(&key), Some(Entry { state: EntryState::Answered { .. }, .. })) {
+                    if matches!(
+                        self.entries.get(&key),
+                        Some(Entry {
+                            state: EntryState::Answered { .. },
+                            ..
+                        })
+                    ) {
                         self.entries.remove(&key);
                         self.deleted.push(key);
                         self.out.push(Outgoing::RemoveFile(self.response_path(key)));
@@ -461,7 +513,10 @@ impl State {
             Request::Kick { name } => Some(self.kick(&name)),
             Request::Stop => {
                 self.stopping = true;
-                let _ = std::fs::write(self.paths.stopped_marker(), b"stopped by drover-pool stop\n");
+                let _ = std::fs::write(
+                    self.paths.stopped_marker(),
+                    b"stopped by drover-pool stop\n",
+                );
                 for waiter in std::mem::take(&mut self.waiting) {
                     self.out.push(Outgoing::Agent(
                         waiter.reply,
@@ -497,12 +552,20 @@ impl State {
                 Reply::Ok
             }
             None => Reply::Error {
-                message: format!("no agent named `{name}` is known to pool `{}`", self.paths.name),
+                message: format!(
+                    "no agent named `{name}` is known to pool `{}`",
+                    self.paths.name
+                ),
             },
         }
     }
 
-    fn get_task(&mut self, name: String, conn: u64, reply: oneshot::Sender<Result<AgentMessage, String>>) {
+    fn get_task(
+        &mut self,
+        name: String,
+        conn: u64,
+        reply: oneshot::Sender<Result<AgentMessage, String>>,
+    ) {
         if self.stopping {
             self.out.push(Outgoing::Agent(
                 reply,
@@ -516,7 +579,10 @@ impl State {
         if self.waiting.iter().any(|w| w.name == name) {
             self.out.push(Outgoing::Agent(
                 reply,
-                Err(format!("an agent named `{name}` is already waiting for a task in pool `{}`", self.paths.name)),
+                Err(format!(
+                    "an agent named `{name}` is already waiting for a task in pool `{}`",
+                    self.paths.name
+                )),
             ));
             return;
         }
@@ -588,7 +654,9 @@ impl State {
     }
 
     fn answer(&mut self, key: Key, outcome: AnswerOutcome, late: bool) {
-        let Some(entry) = self.entries.get_mut(&key) else { return };
+        let Some(entry) = self.entries.get_mut(&key) else {
+            return;
+        };
         entry.state = EntryState::Answered {
             outcome: outcome.clone(),
             late,
@@ -605,12 +673,17 @@ impl State {
     }
 
     fn response_closed(&mut self, file_name: &str) {
-        let Some(stem) = file_name.strip_suffix(".json") else { return };
-        let mut parts = stem.splitn(3, '-');
-        let (Some(run), Some(task), Some(attempt)) = (parts.next(), parts.next(), parts.next()) else {
+        let Some(stem) = file_name.strip_suffix(".json") else {
             return;
         };
-        let Ok(attempt) = attempt.parse::<u32>() else { return };
+        let mut parts = stem.splitn(3, '-');
+        let (Some(run), Some(task), Some(attempt)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return;
+        };
+        let Ok(attempt) = attempt.parse::<u32>() else {
+            return;
+        };
         let Ok(key) = parse_key(&TaskKey {
             run_id: run.to_string(),
             task_id: task.to_string(),
@@ -618,7 +691,9 @@ impl State {
         }) else {
             return;
         };
-        let Some(entry) = self.entries.get(&key) else { return };
+        let Some(entry) = self.entries.get(&key) else {
+            return;
+        };
         let (agent, late) = match &entry.state {
             EntryState::Assigned { agent, .. } => (agent.clone(), false),
             EntryState::Recalled { agent, .. } => (agent.clone(), true),
@@ -642,7 +717,9 @@ impl State {
     /// Hands queued tasks to waiting agents, first come first served.
     fn assign_waiting(&mut self) {
         while !self.queue.is_empty() {
-            let Some(waiter) = self.waiting.pop_front() else { return };
+            let Some(waiter) = self.waiting.pop_front() else {
+                return;
+            };
             if waiter.reply.is_closed() {
                 continue;
             }
@@ -673,7 +750,10 @@ impl State {
             .iter()
             .map(|(name, agent)| {
                 let waiting = self.waiting.iter().any(|w| w.name == *name);
-                let task = agent.task.and_then(|key| self.entries.get(&key)).map(|e| task_key(&e.task));
+                let task = agent
+                    .task
+                    .and_then(|key| self.entries.get(&key))
+                    .map(|e| task_key(&e.task));
                 AgentStatus {
                     name: name.clone(),
                     state: if task.is_some() {
@@ -689,12 +769,16 @@ impl State {
             })
             .collect();
         agents.sort_by(|a, b| a.name.cmp(&b.name));
-        let count = |f: fn(&EntryState) -> bool| self.entries.values().filter(|e| f(&e.state)).count() as u64;
+        let count = |f: fn(&EntryState) -> bool| {
+            self.entries.values().filter(|e| f(&e.state)).count() as u64
+        };
         StatusReport {
             pool: self.paths.name.clone(),
             agents,
             queued: self.queue.len() as u64,
-            assigned: count(|s| matches!(s, EntryState::Assigned { .. } | EntryState::Recalled { .. })),
+            assigned: count(|s| {
+                matches!(s, EntryState::Assigned { .. } | EntryState::Recalled { .. })
+            }),
             undelivered: count(|s| matches!(s, EntryState::Answered { .. })),
         }
     }
@@ -802,7 +886,10 @@ fn find_key(message: &AgentMessage, task_id: &str, attempt: u32) -> Option<Key> 
         return None;
     };
     // The run id is the first part of the response file name.
-    let name = Path::new(response_file).file_name()?.to_string_lossy().into_owned();
+    let name = Path::new(response_file)
+        .file_name()?
+        .to_string_lossy()
+        .into_owned();
     let run = name.split('-').next()?.to_string();
     parse_key(&TaskKey {
         run_id: run,

@@ -5,4 +5,5 @@ pub mod conn;
 pub mod daemon;
 pub mod paths;
 pub mod protocol;
+pub mod runner_client;
 pub mod store;

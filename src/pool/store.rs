@@ -19,7 +19,11 @@ pub enum EntryState {
     /// Waiting for an agent; `seq` orders the queue.
     Queued { seq: u64 },
     /// An agent is working on it. `epoch` is the daemon start that assigned it.
-    Assigned { agent: String, since_ms: u64, epoch: u64 },
+    Assigned {
+        agent: String,
+        since_ms: u64,
+        epoch: u64,
+    },
     /// The runner gave up on it (action timeout) while an agent held it.
     Recalled { agent: String, since_ms: u64 },
     /// Answered; kept until the runner acknowledges it.

@@ -1,0 +1,179 @@
+//! The runner's side of the pool: submits `Pool` actions, routes answers back to the task
+//! waiting for them, acknowledges answers once the runner has recorded them, and rides out a
+//! daemon restart by reconnecting and submitting again (the pool treats a repeat as a no-op).
+//!
+//! Answers can arrive before anyone waits for them (a resumed runner is sent every answer the
+//! pool kept while it was away); they are parked until the task's dispatch claims them.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, oneshot};
+
+use super::conn::{Unreachable, connect_waiting};
+use super::paths::PoolPaths;
+use super::protocol::{AnswerOutcome, PoolTask, Reply, Request, TaskKey};
+
+/// Called with answers that arrive after the runner recalled their task.
+pub type LateAnswerSink = Box<dyn Fn(TaskKey, AnswerOutcome) + Send + Sync>;
+
+enum Command {
+    Dispatch {
+        task: PoolTask,
+        reply: oneshot::Sender<AnswerOutcome>,
+    },
+    Recall(TaskKey),
+    Ack(Vec<TaskKey>),
+}
+
+#[derive(Clone)]
+pub struct PoolClient {
+    commands: mpsc::UnboundedSender<Command>,
+}
+
+impl PoolClient {
+    /// Connects to the pool, waiting up to `wait` for a daemon, then keeps the connection up
+    /// in the background for as long as the client lives.
+    pub async fn connect(
+        paths: PoolPaths,
+        run_id: String,
+        wait: Duration,
+        late: LateAnswerSink,
+    ) -> Result<Self, String> {
+        let first = connect_waiting(&paths, Some(wait), false, "drover").await.map_err(|e| match e {
+            Unreachable::Stopped | Unreachable::TimedOut => format!(
+                "no pool daemon answered at {} within {}s; start one with `drover-pool start{}`",
+                paths.socket().display(),
+                wait.as_secs(),
+                if paths.name == "default" { String::new() } else { format!(" --pool {}", paths.name) }
+            ),
+        })?;
+        let (commands, receiver) = mpsc::unbounded_channel();
+        tokio::spawn(connection_loop(paths, run_id, first, receiver, late));
+        Ok(Self { commands })
+    }
+
+    /// Submits a task; the receiver yields its answer. Registration happens synchronously, in
+    /// call order, so it is in place before anything sent later.
+    pub fn dispatch(&self, task: PoolTask) -> oneshot::Receiver<AnswerOutcome> {
+        let (reply, receiver) = oneshot::channel();
+        let _ = self.commands.send(Command::Dispatch { task, reply });
+        receiver
+    }
+
+    /// Gives up on a task: a later answer comes back as late.
+    pub fn recall(&self, key: TaskKey) {
+        let _ = self.commands.send(Command::Recall(key));
+    }
+
+    /// The runner has durably recorded these answers.
+    pub fn ack(&self, keys: Vec<TaskKey>) {
+        if !keys.is_empty() {
+            let _ = self.commands.send(Command::Ack(keys));
+        }
+    }
+}
+
+type Conn = (super::conn::LineReader, super::conn::LineWriter);
+
+async fn connection_loop(
+    paths: PoolPaths,
+    run_id: String,
+    first: Conn,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+    late: LateAnswerSink,
+) {
+    let mut pending: HashMap<TaskKey, (PoolTask, oneshot::Sender<AnswerOutcome>)> = HashMap::new();
+    let mut parked: HashMap<TaskKey, AnswerOutcome> = HashMap::new();
+    let mut next_conn = Some(first);
+    loop {
+        let (mut reader, mut writer) = match next_conn.take() {
+            Some(conn) => conn,
+            None => match connect_waiting(&paths, None, false, "drover").await {
+                Ok(conn) => conn,
+                Err(_) => return,
+            },
+        };
+        if writer
+            .send(&Request::Runner {
+                run_id: run_id.clone(),
+            })
+            .await
+            .is_err()
+        {
+            continue;
+        }
+        let resubmit: Vec<PoolTask> = pending.values().map(|(task, _)| task.clone()).collect();
+        if !resubmit.is_empty()
+            && writer
+                .send(&Request::Submit { tasks: resubmit })
+                .await
+                .is_err()
+        {
+            continue;
+        }
+        loop {
+            tokio::select! {
+                command = commands.recv() => {
+                    let Some(first) = command else { return };
+                    let mut batch = vec![first];
+                    while let Ok(more) = commands.try_recv() {
+                        batch.push(more);
+                    }
+                    let mut submit = Vec::new();
+                    let mut requests = Vec::new();
+                    for command in batch {
+                        match command {
+                            Command::Dispatch { task, reply } => {
+                                let key = TaskKey { run_id: task.run_id.clone(), task_id: task.task_id.clone(), attempt: task.attempt };
+                                if let Some(outcome) = parked.remove(&key) {
+                                    let _ = reply.send(outcome);
+                                    continue;
+                                }
+                                submit.push(task.clone());
+                                pending.insert(key, (task, reply));
+                            }
+                            Command::Recall(key) => {
+                                pending.remove(&key);
+                                requests.push(Request::Recall { run_id: key.run_id, task_id: key.task_id, attempt: key.attempt });
+                            }
+                            Command::Ack(keys) => {
+                                for key in &keys {
+                                    parked.remove(key);
+                                }
+                                requests.push(Request::Ack { keys });
+                            }
+                        }
+                    }
+                    let mut broken = false;
+                    if !submit.is_empty() {
+                        broken |= writer.send(&Request::Submit { tasks: submit }).await.is_err();
+                    }
+                    for request in requests {
+                        broken |= writer.send(&request).await.is_err();
+                    }
+                    if broken {
+                        break;
+                    }
+                }
+                reply = reader.recv::<Reply>() => match reply {
+                    Ok(Some(Reply::Answer { key, outcome, late: is_late })) => {
+                        if is_late {
+                            late(key, outcome);
+                        } else if let Some((_, reply)) = pending.remove(&key) {
+                            let _ = reply.send(outcome);
+                        } else {
+                            parked.insert(key, outcome);
+                        }
+                    }
+                    Ok(Some(Reply::Error { message })) => tracing::error!("pool: {message}"),
+                    Ok(Some(_)) => {}
+                    Ok(None) | Err(_) => {
+                        eprintln!("drover: lost the connection to pool `{}`; reconnecting", paths.name);
+                        break;
+                    }
+                },
+            }
+        }
+    }
+}

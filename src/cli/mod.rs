@@ -4,6 +4,7 @@
 mod config_cmd;
 pub mod entry_value;
 pub mod exit;
+mod inspect_cmd;
 pub mod locations;
 pub mod logging;
 mod progress;

@@ -29,6 +29,8 @@ pub enum Command {
     Run(super::run_cmd::RunArgs),
     /// Continue an unfinished run from its stored state.
     Resume(super::run_cmd::ResumeArgs),
+    /// Show runs, one run's summary or task tree, or one task's history (live or afterwards).
+    Inspect(super::inspect_cmd::InspectArgs),
     /// Inspect, validate and draw workflow configs.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -46,5 +48,6 @@ fn dispatch(command: Command) -> CliResult {
         Command::Config(command) => config_cmd::run(command),
         Command::Run(args) => super::run_cmd::run(args),
         Command::Resume(args) => super::run_cmd::resume(args),
+        Command::Inspect(args) => super::inspect_cmd::run(args),
     }
 }

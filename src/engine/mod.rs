@@ -5,6 +5,7 @@ pub mod config;
 pub mod driver;
 pub mod instructions;
 pub mod lifecycle;
+pub mod report;
 pub mod process;
 pub mod run_lock;
 

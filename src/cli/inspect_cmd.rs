@@ -1,0 +1,274 @@
+//! `drover inspect`: runs, one run, its task tree, one task — live or after the fact.
+
+use std::fmt::Write as _;
+use std::process::ExitCode;
+
+use clap::Args;
+use comfy_table::{ContentArrangement, Table, presets::UTF8_FULL_CONDENSED};
+use serde::Serialize;
+use ulid::Ulid;
+
+use super::exit::{CliError, CliResult};
+use super::locations::StateDirArg;
+use crate::engine::report::{self, RunReport, TaskReport, TreeNode, format_duration, format_utc};
+use crate::store;
+
+#[derive(Debug, Args)]
+pub struct InspectArgs {
+    /// A run to show [default: list all runs]
+    pub run_id: Option<String>,
+    /// Show the run's task tree.
+    #[arg(long, requires = "run_id")]
+    pub tree: bool,
+    /// Show one task of the run: value, attempts, transitions, results, hook stderr.
+    #[arg(
+        long,
+        value_name = "TASK_ID",
+        requires = "run_id",
+        conflicts_with = "tree"
+    )]
+    pub task: Option<String>,
+    /// Print JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub state: StateDirArg,
+}
+
+fn parse_id(text: &str, what: &str) -> Result<Ulid, CliError> {
+    Ulid::from_string(text)
+        .map_err(|e| CliError::invalid(format!("`{text}` is not a {what} id: {e}")))
+}
+
+fn print_json<T: Serialize>(value: &T) -> CliResult {
+    let text = serde_json::to_string_pretty(value).map_err(CliError::invalid)?;
+    println!("{text}");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn table(header: Vec<&str>) -> Table {
+    let mut table = Table::new();
+    table
+        .load_style(UTF8_FULL_CONDENSED)
+        .set_content_arrangement(ContentArrangement::Dynamic)
+        .set_header(header);
+    table
+}
+
+pub fn run(args: InspectArgs) -> CliResult {
+    let state_dir = args.state.resolve();
+    let store = store::open_for_reading(&state_dir).map_err(CliError::unavailable)?;
+    let reader = store.read().map_err(CliError::unavailable)?;
+    let Some(run_text) = &args.run_id else {
+        let runs = report::runs(&reader).map_err(CliError::unavailable)?;
+        if args.json {
+            return print_json(&runs);
+        }
+        if runs.is_empty() {
+            println!("no runs in {}", state_dir.display());
+            return Ok(ExitCode::SUCCESS);
+        }
+        let mut t = table(vec![
+            "run",
+            "status",
+            "started (UTC)",
+            "duration",
+            "done",
+            "failed",
+            "pending",
+            "config",
+        ]);
+        for run in &runs {
+            t.add_row(vec![
+                run.id.clone(),
+                run.status.to_string(),
+                format_utc(run.started_ms),
+                format_duration(run.duration_ms),
+                run.tasks_completed.to_string(),
+                run.tasks_failed.to_string(),
+                run.tasks_pending.to_string(),
+                run.config.clone(),
+            ]);
+        }
+        println!("{t}");
+        return Ok(ExitCode::SUCCESS);
+    };
+    let run_id = parse_id(run_text, "run")?;
+    if let Some(task_text) = &args.task {
+        let task_id = parse_id(task_text, "task")?;
+        let task = report::task_report(&reader, run_id, task_id)
+            .map_err(CliError::unavailable)?
+            .ok_or_else(|| CliError::invalid(format!("run {run_id} has no task {task_id}")))?;
+        return if args.json {
+            print_json(&task)
+        } else {
+            print_task(&task)
+        };
+    }
+    let report = report::run_report(&reader, run_id, args.tree)
+        .map_err(CliError::unavailable)?
+        .ok_or_else(|| CliError::invalid(format!("no run {run_id} in {}", state_dir.display())))?;
+    if args.json {
+        return print_json(&report);
+    }
+    print_run(&report);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_run(report: &RunReport) {
+    let run = &report.run;
+    println!("run {}  {}", run.id, run.status);
+    println!("config   {}", run.config);
+    println!(
+        "started  {} UTC, {}{}",
+        format_utc(run.started_ms),
+        format_duration(run.duration_ms),
+        if run.ended_ms.is_some() {
+            ""
+        } else {
+            " so far"
+        }
+    );
+    println!(
+        "tasks    {} total: {} completed, {} failed, {} pending",
+        run.tasks_total, run.tasks_completed, run.tasks_failed, run.tasks_pending
+    );
+    let mut t = table(vec![
+        "step",
+        "queued",
+        "running",
+        "completed",
+        "failed",
+        "total",
+    ]);
+    for step in &report.steps {
+        t.add_row(vec![
+            step.step.clone(),
+            step.queued.to_string(),
+            step.running.to_string(),
+            step.completed.to_string(),
+            step.failed.to_string(),
+            step.total.to_string(),
+        ]);
+    }
+    println!("{t}");
+    if !report.failures.is_empty() {
+        println!("failed tasks:");
+        for failure in &report.failures {
+            println!(
+                "  {} {} after {} attempt(s): {}",
+                failure.task, failure.step, failure.attempts, failure.error
+            );
+        }
+    }
+    if !report.finally_failures.is_empty() {
+        println!("failed finally hooks:");
+        for failure in &report.finally_failures {
+            println!("  {} {}: {}", failure.task, failure.step, failure.error);
+        }
+    }
+    if let Some(tree) = &report.tree {
+        println!("task tree:");
+        let mut out = String::new();
+        for root in tree {
+            render_tree(root, "", true, true, &mut out);
+        }
+        print!("{out}");
+    }
+}
+
+/// Draws the tree with an explicit stack so that deep chains cannot overflow.
+fn render_tree(root: &TreeNode, prefix: &str, last: bool, top: bool, out: &mut String) {
+    let mut stack: Vec<(&TreeNode, String, bool, bool)> =
+        vec![(root, prefix.to_string(), last, top)];
+    while let Some((node, prefix, last, top)) = stack.pop() {
+        let branch = if top {
+            ""
+        } else if last {
+            "└─ "
+        } else {
+            "├─ "
+        };
+        let attempt = if node.attempt > 1 {
+            format!(" (attempt {})", node.attempt)
+        } else {
+            String::new()
+        };
+        let finally = node
+            .finally
+            .as_ref()
+            .map(|f| format!(" [finally {f}]"))
+            .unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "{prefix}{branch}{} {} {}{attempt}{finally}",
+            node.step, node.id, node.state
+        );
+        let child_prefix = if top {
+            prefix.clone()
+        } else {
+            format!("{prefix}{}", if last { "   " } else { "│  " })
+        };
+        for (i, child) in node.children.iter().enumerate().rev() {
+            stack.push((
+                child,
+                child_prefix.clone(),
+                i + 1 == node.children.len(),
+                false,
+            ));
+        }
+    }
+}
+
+fn print_task(task: &TaskReport) -> CliResult {
+    println!("task {} ({}) in run {}", task.id, task.step, task.run);
+    println!("state    {} (attempt {})", task.state, task.attempt);
+    if let Some(parent) = &task.parent {
+        println!("parent   {parent}");
+    }
+    if let Some(finally) = &task.finally {
+        println!("finally  {finally}");
+    }
+    println!("value    {}", task.value);
+    if let Some(value) = &task.action_value
+        && value != &task.value
+    {
+        println!("action value (after pre hook) {value}");
+    }
+    if let Some(result) = &task.result {
+        println!("result   {result}");
+    }
+    if let Some(error) = &task.error {
+        println!("error    {error}");
+    }
+    let mut t = table(vec!["#", "time (UTC)", "attempt", "from", "to", "detail"]);
+    for tr in &task.transitions {
+        t.add_row(vec![
+            tr.seq.to_string(),
+            format_utc(tr.at_ms),
+            tr.attempt.to_string(),
+            tr.from.unwrap_or("-").to_string(),
+            tr.to.to_string(),
+            tr.detail.clone(),
+        ]);
+    }
+    println!("{t}");
+    for log in &task.hook_logs {
+        println!(
+            "{} attempt {} at {}: {}{}",
+            log.phase,
+            log.attempt,
+            format_utc(log.at_ms),
+            log.outcome,
+            if log.stderr_truncated {
+                " (stderr truncated; last part shown)"
+            } else {
+                ""
+            }
+        );
+        for line in log.stderr.lines() {
+            println!("  | {line}");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -14,7 +14,8 @@ mod runner;
 pub use runner::main as runner_main;
 
 /// Restores the default SIGPIPE action so `drover … | head` ends quietly instead of panicking
-/// in `println!` (Rust ignores SIGPIPE by default).
+/// in `println!` (Rust ignores SIGPIPE by default). Only for commands that just print: a
+/// command that writes to hooks or sockets must keep SIGPIPE ignored and handle EPIPE.
 pub fn restore_sigpipe() {
     use nix::sys::signal::{SigHandler, Signal, signal};
     // SAFETY: called first thing in main, before any thread exists; SIG_DFL installs no handler

@@ -37,7 +37,6 @@ pub enum Command {
 }
 
 pub fn main() -> ExitCode {
-    super::restore_sigpipe();
     let cli = Cli::parse();
     logging::init(cli.log_format);
     exit::finish(dispatch(cli.command))
@@ -45,9 +44,15 @@ pub fn main() -> ExitCode {
 
 fn dispatch(command: Command) -> CliResult {
     match command {
-        Command::Config(command) => config_cmd::run(command),
+        Command::Config(command) => {
+            super::restore_sigpipe();
+            config_cmd::run(command)
+        }
         Command::Run(args) => super::run_cmd::run(args),
         Command::Resume(args) => super::run_cmd::resume(args),
-        Command::Inspect(args) => super::inspect_cmd::run(args),
+        Command::Inspect(args) => {
+            super::restore_sigpipe();
+            super::inspect_cmd::run(args)
+        }
     }
 }

@@ -5,8 +5,8 @@ pub mod config;
 pub mod driver;
 pub mod instructions;
 pub mod lifecycle;
-pub mod report;
 pub mod process;
+pub mod report;
 pub mod run_lock;
 
 #[cfg(test)]

@@ -17,12 +17,14 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use nix::errno::Errno;
-use nix::sys::signal::{Signal, killpg};
+use nix::libc;
+use nix::sys::signal::{SigSet, SigmaskHow, Signal, killpg};
 use nix::unistd::Pid;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -357,7 +359,9 @@ pub async fn run_with_grace(
                 Ok(status) => ExitInfo::from(status),
                 Err(error) => {
                     tracing::warn!(%error, script = %script, "waiting for a child process failed");
-                    stderr.push(format!("\ndrover: waiting for the process failed: {error}\n").as_bytes());
+                    stderr.push(
+                        format!("\ndrover: waiting for the process failed: {error}\n").as_bytes(),
+                    );
                     ExitInfo::unknown()
                 }
             };
@@ -432,7 +436,7 @@ async fn supervise<F: Future<Output = ()>>(
             let mut reaped = false;
             // The grace is for the whole group, not just the leader: a grandchild doing its own
             // cleanup on SIGTERM gets the same time.
-            while !(reaped && !group_alive(pgid)) {
+            while !reaped || group_alive(pgid) {
                 tokio::select! {
                     biased;
                     () = cancelled(cancel) => {
@@ -485,7 +489,9 @@ async fn reap(child: &mut Child) {
 fn signal_group(pgid: Pid, signal: Signal) {
     match killpg(pgid, signal) {
         Ok(()) | Err(Errno::ESRCH) => {}
-        Err(error) => tracing::warn!(%error, pgid = pgid.as_raw(), ?signal, "cannot signal process group"),
+        Err(error) => {
+            tracing::warn!(%error, pgid = pgid.as_raw(), ?signal, "cannot signal process group")
+        }
     }
 }
 
@@ -513,7 +519,11 @@ fn has_live_member(pgid: Pid) -> Option<bool> {
         return None;
     }
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
             continue;
         };
         // Fails if the process has just gone, which is what we are waiting for anyway.
@@ -535,7 +545,8 @@ fn has_live_member(pgid: Pid) -> Option<bool> {
 }
 
 async fn feed(pipe: Option<ChildStdin>, data: Vec<u8>, error: &mut Option<io::Error>) {
-    let Some(mut pipe) = pipe else { return };
+    let Some(pipe) = pipe else { return };
+    let mut pipe = NoSigpipe(pipe);
     if let Err(e) = pipe.write_all(&data).await {
         // A child may legitimately ignore its stdin and exit (or close it) before reading it all.
         if e.kind() != io::ErrorKind::BrokenPipe {
@@ -543,6 +554,86 @@ async fn feed(pipe: Option<ChildStdin>, data: Vec<u8>, error: &mut Option<io::Er
         }
     }
     // Dropping `pipe` closes it, so the child sees EOF.
+}
+
+/// Writes to a child's stdin without SIGPIPE. The binaries restore the default SIGPIPE action
+/// (so `drover … | head` ends quietly), and under it a hook that exits or closes its stdin
+/// before reading everything would kill the runner itself instead of yielding EPIPE. The write
+/// syscall happens inside `poll_write` on the current thread, and a pipe's SIGPIPE is sent to
+/// the writing thread, so blocking it in this thread around the call is enough.
+struct NoSigpipe(ChildStdin);
+
+impl AsyncWrite for NoSigpipe {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let mut blocked = SigpipeBlocked::new();
+        let result = Pin::new(&mut self.0).poll_write(cx, buf);
+        if let Poll::Ready(Err(e)) = &result
+            && e.kind() == io::ErrorKind::BrokenPipe
+        {
+            blocked.discard_pending();
+        }
+        result
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+/// SIGPIPE blocked in the current thread until drop, which restores the previous mask.
+struct SigpipeBlocked {
+    /// The mask to restore, or `None` if SIGPIPE was already blocked (then someone else owns
+    /// any pending SIGPIPE) or blocking failed.
+    previous: Option<SigSet>,
+}
+
+impl SigpipeBlocked {
+    fn new() -> Self {
+        let previous = sigpipe_set()
+            .thread_swap_mask(SigmaskHow::SIG_BLOCK)
+            .ok()
+            .filter(|previous| !previous.contains(Signal::SIGPIPE));
+        Self { previous }
+    }
+
+    /// Swallows the SIGPIPE our failed write raised, so unblocking can't deliver it.
+    fn discard_pending(&mut self) {
+        // Checked first because sigwait would block if nothing is pending.
+        if self.previous.is_some() && sigpipe_pending() {
+            let _ = sigpipe_set().wait();
+        }
+    }
+}
+
+impl Drop for SigpipeBlocked {
+    fn drop(&mut self) {
+        if let Some(previous) = &self.previous {
+            let _ = previous.thread_set_mask();
+        }
+    }
+}
+
+fn sigpipe_set() -> SigSet {
+    let mut set = SigSet::empty();
+    set.add(Signal::SIGPIPE);
+    set
+}
+
+fn sigpipe_pending() -> bool {
+    let mut pending = std::mem::MaybeUninit::<libc::sigset_t>::uninit();
+    // SAFETY: sigpending initialises the set when it returns 0, and the set is read only then.
+    unsafe {
+        libc::sigpending(pending.as_mut_ptr()) == 0
+            && libc::sigismember(pending.as_ptr(), libc::SIGPIPE) == 1
+    }
 }
 
 async fn pump<R: AsyncRead + Unpin>(pipe: Option<R>, sink: &mut Captured) {
@@ -654,7 +745,10 @@ mod tests {
     fn describe(outcome: &ProcessOutcome) -> String {
         match outcome {
             ProcessOutcome::Exited { status, stderr, .. } => {
-                format!("Exited({status}), stderr {:?}", String::from_utf8_lossy(stderr))
+                format!(
+                    "Exited({status}), stderr {:?}",
+                    String::from_utf8_lossy(stderr)
+                )
             }
             ProcessOutcome::TimedOut { .. } => "TimedOut".to_owned(),
             ProcessOutcome::Cancelled => "Cancelled".to_owned(),
@@ -694,7 +788,10 @@ mod tests {
     async fn assert_gone(pid: Pid, what: &str) {
         let deadline = Instant::now() + PATIENCE;
         while !is_gone(pid) {
-            assert!(Instant::now() < deadline, "{what} (pid {pid}) is still alive");
+            assert!(
+                Instant::now() < deadline,
+                "{what} (pid {pid}) is still alive"
+            );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -709,7 +806,11 @@ mod tests {
             {
                 return Pid::from_raw(pid);
             }
-            assert!(Instant::now() < deadline, "{} never got a pid", path.display());
+            assert!(
+                Instant::now() < deadline,
+                "{} never got a pid",
+                path.display()
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
@@ -740,7 +841,10 @@ mod tests {
         assert!(!overflow);
         assert!(stdout == input, "stdout differs from stdin");
         assert!(truncated);
-        assert!(stderr == input[input.len() - 1000..], "stderr is not the tail of stdin");
+        assert!(
+            stderr == input[input.len() - 1000..],
+            "stderr is not the tail of stdin"
+        );
     }
 
     #[tokio::test]
@@ -753,7 +857,10 @@ mod tests {
         let (status, stdout, overflow, _, _) = exited(run_short(spec, &tracker).await);
         assert!(status.success(), "{status}");
         assert!(overflow);
-        assert!(stdout == input[..100_000], "stdout is not the head of stdin");
+        assert!(
+            stdout == input[..100_000],
+            "stdout is not the head of stdin"
+        );
     }
 
     #[tokio::test]
@@ -795,11 +902,58 @@ mod tests {
         assert_eq!(stderr, b"");
     }
 
+    const SIGPIPE_PROBE_ENV: &str = "DROVER_PROCESS_SIGPIPE_PROBE";
+
+    /// The binaries restore the default SIGPIPE action (so `drover … | head` ends quietly), and
+    /// then a hook that closes its stdin early would kill the runner itself. The probe runs in a
+    /// child test process because signal dispositions are process-wide.
+    #[test]
+    fn a_child_that_closes_stdin_early_does_not_kill_a_runner_with_default_sigpipe() {
+        let exe = std::env::current_exe().expect("current_exe");
+        let output = std::process::Command::new(exe)
+            .args([
+                "--exact",
+                "engine::process::tests::sigpipe_probe",
+                "--nocapture",
+            ])
+            .env(SIGPIPE_PROBE_ENV, "1")
+            .output()
+            .expect("run the probe");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success() && stdout.contains("1 passed"),
+            "probe failed ({}):\n{stdout}\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    /// Only does something when started by the test above.
+    #[tokio::test]
+    async fn sigpipe_probe() {
+        if std::env::var_os(SIGPIPE_PROBE_ENV).is_none() {
+            return;
+        }
+        crate::cli::restore_sigpipe();
+        let tracker = ProcessTracker::new();
+        let mut spec = spec("exec 0<&-; echo ok");
+        spec.stdin = noise(4 * 1024 * 1024);
+        let (status, stdout, ..) = exited(run_short(spec, &tracker).await);
+        assert!(status.success(), "{status}");
+        assert_eq!(stdout, b"ok\n");
+    }
+
     #[tokio::test]
     async fn exit_code_is_reported() {
         let tracker = ProcessTracker::new();
         let (status, ..) = exited(run_short(spec("exit 3"), &tracker).await);
-        assert_eq!(status, ExitInfo { code: Some(3), signal: None });
+        assert_eq!(
+            status,
+            ExitInfo {
+                code: Some(3),
+                signal: None
+            }
+        );
         assert!(!status.success());
         assert_eq!(status.to_string(), "exit code 3");
 
@@ -812,7 +966,13 @@ mod tests {
     async fn death_by_signal_is_reported() {
         let tracker = ProcessTracker::new();
         let (status, ..) = exited(run_short(spec("kill -9 $$"), &tracker).await);
-        assert_eq!(status, ExitInfo { code: None, signal: Some(9) });
+        assert_eq!(
+            status,
+            ExitInfo {
+                code: None,
+                signal: Some(9)
+            }
+        );
         assert!(!status.success());
         assert_eq!(status.to_string(), "killed by signal 9");
     }
@@ -821,7 +981,10 @@ mod tests {
     async fn env_is_added_and_cwd_is_used() {
         let tracker = ProcessTracker::new();
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut spec = ProcessSpec::new(r#"printf '%s|%s\n' "$DROVER_TEST_VAR" "$HOME"; pwd -P"#, dir.path());
+        let mut spec = ProcessSpec::new(
+            r#"printf '%s|%s\n' "$DROVER_TEST_VAR" "$HOME"; pwd -P"#,
+            dir.path(),
+        );
         spec.env = vec![("DROVER_TEST_VAR".into(), "hello world".into())];
         let (status, stdout, ..) = exited(run_short(spec, &tracker).await);
         assert!(status.success(), "{status}");
@@ -858,7 +1021,11 @@ mod tests {
         let mut spec = spec(&script);
         spec.timeout = Some(Duration::from_millis(300));
         match run_short(spec, &tracker).await {
-            ProcessOutcome::TimedOut { stdout, stderr, stderr_truncated } => {
+            ProcessOutcome::TimedOut {
+                stdout,
+                stderr,
+                stderr_truncated,
+            } => {
                 assert_eq!(stdout, b"before\n");
                 assert_eq!(stderr, b"oops\n");
                 assert!(!stderr_truncated);
@@ -884,7 +1051,11 @@ mod tests {
         let started = Instant::now();
         let outcome = run_short(spec, &tracker).await;
         let elapsed = started.elapsed();
-        assert!(matches!(outcome, ProcessOutcome::TimedOut { .. }), "{}", describe(&outcome));
+        assert!(
+            matches!(outcome, ProcessOutcome::TimedOut { .. }),
+            "{}",
+            describe(&outcome)
+        );
         // Timer slack only ever makes things later, so the lower bound is exact.
         assert!(
             elapsed >= timeout + SHORT_GRACE,
@@ -896,14 +1067,39 @@ mod tests {
     #[tokio::test]
     async fn a_group_that_obeys_term_does_not_wait_out_the_grace() {
         let tracker = ProcessTracker::new();
-        let mut spec = spec("sleep 1000");
+        // The background sleep dies of SIGTERM too, but as an orphan it may stay a zombie
+        // forever (PID 1 in a container need not reap): a zombie does not count as alive.
+        let mut spec = spec("sleep 1000 & wait");
         spec.timeout = Some(Duration::from_millis(100));
-        let started = Instant::now();
-        let outcome = tokio::time::timeout(PATIENCE, run_with_grace(spec, &tracker, PATIENCE))
+        let endless_grace = Duration::from_secs(3600);
+        let outcome = tokio::time::timeout(PATIENCE, run_with_grace(spec, &tracker, endless_grace))
             .await
             .expect("run should return once the group is dead, not after the grace");
-        assert!(matches!(outcome, ProcessOutcome::TimedOut { .. }), "{}", describe(&outcome));
-        assert!(started.elapsed() < PATIENCE);
+        assert!(
+            matches!(outcome, ProcessOutcome::TimedOut { .. }),
+            "{}",
+            describe(&outcome)
+        );
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_group_of_zombies_counts_as_dead() {
+        use std::os::unix::process::CommandExt;
+        let mut child = std::process::Command::new("true")
+            .process_group(0)
+            .spawn()
+            .expect("spawn true");
+        let pgid = Pid::from_raw(i32::try_from(child.id()).expect("pid fits i32"));
+        let deadline = std::time::Instant::now() + PATIENCE;
+        while !is_gone(pgid) {
+            assert!(std::time::Instant::now() < deadline, "`true` never exited");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        // Unreaped, so the kernel still counts it as a member of its group.
+        assert_eq!(killpg(pgid, None), Ok(()));
+        assert!(!group_alive(pgid));
+        child.wait().expect("reap");
     }
 
     #[tokio::test]
@@ -940,7 +1136,11 @@ mod tests {
         assert_eq!(tracker.live(), 0);
 
         // Sticky: nothing new starts once shutdown has begun.
-        let outcome = run_short(spec(&format!("echo x > '{}'", dir.path().join("late").display())), &tracker).await;
+        let outcome = run_short(
+            spec(&format!("echo x > '{}'", dir.path().join("late").display())),
+            &tracker,
+        )
+        .await;
         assert_eq!(outcome, ProcessOutcome::Cancelled);
         assert!(!dir.path().join("late").exists());
     }

@@ -3,16 +3,21 @@
 //! daemon restart by reconnecting and submitting again (the pool treats a repeat as a no-op).
 //!
 //! Answers can arrive before anyone waits for them (a resumed runner is sent every answer the
-//! pool kept while it was away); they are parked until the task's dispatch claims them.
+//! pool kept while it was away); they are parked until the task's dispatch claims them. A
+//! resumed runner re-dispatches all its pool tasks at once, so an answer still unclaimed after
+//! `UNCLAIMED_AFTER` belongs to a task that had moved on before the crash: it is acknowledged
+//! so the pool can forget it.
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
 
 use super::conn::{Unreachable, connect_waiting};
 use super::paths::PoolPaths;
 use super::protocol::{AnswerOutcome, PoolTask, Reply, Request, TaskKey};
+
+const UNCLAIMED_AFTER: Duration = Duration::from_secs(30);
 
 /// Called with answers that arrive after the runner recalled their task.
 pub type LateAnswerSink = Box<dyn Fn(TaskKey, AnswerOutcome) + Send + Sync>;
@@ -84,7 +89,8 @@ async fn connection_loop(
     late: LateAnswerSink,
 ) {
     let mut pending: HashMap<TaskKey, (PoolTask, oneshot::Sender<AnswerOutcome>)> = HashMap::new();
-    let mut parked: HashMap<TaskKey, AnswerOutcome> = HashMap::new();
+    let mut parked: HashMap<TaskKey, (AnswerOutcome, Instant)> = HashMap::new();
+    let mut sweep = tokio::time::interval(UNCLAIMED_AFTER);
     let mut next_conn = Some(first);
     loop {
         let (mut reader, mut writer) = match next_conn.take() {
@@ -114,6 +120,21 @@ async fn connection_loop(
         }
         loop {
             tokio::select! {
+                _ = sweep.tick() => {
+                    let stale: Vec<TaskKey> = parked
+                        .iter()
+                        .filter(|(_, (_, at))| at.elapsed() >= UNCLAIMED_AFTER)
+                        .map(|(key, _)| key.clone())
+                        .collect();
+                    if !stale.is_empty() {
+                        for key in &stale {
+                            parked.remove(key);
+                        }
+                        if writer.send(&Request::Ack { keys: stale }).await.is_err() {
+                            break;
+                        }
+                    }
+                }
                 command = commands.recv() => {
                     let Some(first) = command else { return };
                     let mut batch = vec![first];
@@ -126,7 +147,7 @@ async fn connection_loop(
                         match command {
                             Command::Dispatch { task, reply } => {
                                 let key = TaskKey { run_id: task.run_id.clone(), task_id: task.task_id.clone(), attempt: task.attempt };
-                                if let Some(outcome) = parked.remove(&key) {
+                                if let Some((outcome, _)) = parked.remove(&key) {
                                     let _ = reply.send(outcome);
                                     continue;
                                 }
@@ -163,7 +184,7 @@ async fn connection_loop(
                         } else if let Some((_, reply)) = pending.remove(&key) {
                             let _ = reply.send(outcome);
                         } else {
-                            parked.insert(key, outcome);
+                            parked.insert(key, (outcome, Instant::now()));
                         }
                     }
                     Ok(Some(Reply::Error { message })) => tracing::error!("pool: {message}"),

@@ -20,6 +20,14 @@ pub enum ConfigCommand {
     Validate(ValidateArgs),
     /// Print the step graph as Graphviz dot or Mermaid.
     Graph(GraphArgs),
+    /// Describe a workflow in Markdown, for people and agents.
+    Docs(DocsArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct DocsArgs {
+    #[arg(long, short, env = "DROVER_CONFIG")]
+    pub config: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -58,6 +66,11 @@ pub fn run(command: ConfigCommand) -> CliResult {
             Ok(ExitCode::SUCCESS)
         }
         ConfigCommand::Validate(args) => validate(args),
+        ConfigCommand::Docs(args) => {
+            let workflow = config::load(&args.config)?;
+            print!("{}", docs(&workflow));
+            Ok(ExitCode::SUCCESS)
+        }
         ConfigCommand::Graph(args) => {
             let workflow = config::load(&args.config)?;
             let text = match args.format {
@@ -234,6 +247,77 @@ fn mermaid(workflow: &Workflow) -> String {
         for target in &step.next {
             let _ = writeln!(out, "  {} --> {}", id(&step.name), id(target));
         }
+    }
+    out
+}
+
+fn docs(workflow: &Workflow) -> String {
+    let mut out = String::new();
+    let title = workflow.path.file_name().map_or_else(
+        || "workflow".to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let _ = writeln!(out, "# Workflow `{title}`\n");
+    match &workflow.entrypoint {
+        Some(entry) => {
+            let _ = writeln!(out, "Starts at step `{entry}`.");
+        }
+        None => {
+            let _ = writeln!(out, "No entrypoint: runs start with `--initial-state`.");
+        }
+    }
+    let cap = workflow
+        .max_concurrency
+        .map_or("unlimited".to_string(), |n| n.to_string());
+    let _ = writeln!(out, "Tasks in flight at once: {cap}.\n");
+    let _ = writeln!(out, "```mermaid\n{}```\n", mermaid(workflow));
+    for step in &workflow.steps {
+        let _ = writeln!(out, "## Step `{}`\n", step.name);
+        match &step.action {
+            Action::Pool { instructions } => {
+                let _ = writeln!(out, "Done by an agent through the pool. Instructions:\n");
+                for line in instructions.trim().lines() {
+                    let _ = writeln!(out, "> {line}");
+                }
+                out.push('\n');
+            }
+            Action::Command { script } => {
+                let _ = writeln!(out, "Done by the command `{}`.\n", script.trim());
+            }
+        }
+        match &step.value_schema {
+            Some(schema) => {
+                let text = serde_json::to_string_pretty(schema).unwrap_or_default();
+                let _ = writeln!(out, "Task value schema:\n\n```json\n{text}\n```\n");
+            }
+            None => {
+                let _ = writeln!(out, "Any task value is accepted.\n");
+            }
+        }
+        if step.next.is_empty() {
+            let _ = writeln!(out, "Terminal: its tasks emit no further tasks.\n");
+        } else {
+            let next: Vec<String> = step.next.iter().map(|n| format!("`{n}`")).collect();
+            let _ = writeln!(out, "May emit: {}.\n", next.join(", "));
+        }
+        for (label, hook) in [
+            ("pre", &step.pre),
+            ("post", &step.post),
+            ("finally", &step.finally_hook),
+        ] {
+            if let Some(hook) = hook {
+                let _ = writeln!(out, "- {label} hook: `{}`", hook.script.trim());
+            }
+        }
+        let o = &step.options;
+        let timeout = o.timeout.map_or("none".to_string(), |t| {
+            format!("{}s per phase", t.as_secs_f64())
+        });
+        let _ = writeln!(
+            out,
+            "- timeout: {timeout}; retries: {} (on timeout: {}, on invalid answer: {})\n",
+            o.max_retries, o.retry_on_timeout, o.retry_on_invalid_response
+        );
     }
     out
 }

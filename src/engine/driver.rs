@@ -332,6 +332,9 @@ impl Driver {
                 if self.interrupted {
                     self.tracker.kill_all();
                 }
+                if let Some(pool) = &self.pool {
+                    self.runtime.block_on(pool.flush(Duration::from_secs(2)));
+                }
                 return Ok(RunSummary {
                     run_id: Ulid(self.run_id),
                     status: run.status,

@@ -125,6 +125,9 @@ pub async fn run(paths: PoolPaths) -> Result<(), String> {
         }
     }
     let _ = std::fs::remove_file(&socket);
+    // Let connection handlers write what the actor already answered (the `stop` reply, the
+    // Kicked messages) before the runtime goes away.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     drop(tx);
     actor.abort();
     eprintln!("drover-pool: pool `{}` stopped", paths.name);

@@ -29,6 +29,8 @@ enum Command {
     },
     Recall(TaskKey),
     Ack(Vec<TaskKey>),
+    /// Answered once everything sent before it has been written to the socket.
+    Flush(oneshot::Sender<()>),
 }
 
 #[derive(Clone)]
@@ -69,6 +71,15 @@ impl PoolClient {
     /// Gives up on a task: a later answer comes back as late.
     pub fn recall(&self, key: TaskKey) {
         let _ = self.commands.send(Command::Recall(key));
+    }
+
+    /// Waits (up to `limit`) until everything sent so far reached the daemon's socket, so the
+    /// last acknowledgements are not lost when the runner exits.
+    pub async fn flush(&self, limit: Duration) {
+        let (done, wait) = oneshot::channel();
+        if self.commands.send(Command::Flush(done)).is_ok() {
+            let _ = tokio::time::timeout(limit, wait).await;
+        }
     }
 
     /// The runner has durably recorded these answers.
@@ -143,6 +154,7 @@ async fn connection_loop(
                     }
                     let mut submit = Vec::new();
                     let mut requests = Vec::new();
+                    let mut flushed = Vec::new();
                     for command in batch {
                         match command {
                             Command::Dispatch { task, reply } => {
@@ -164,6 +176,7 @@ async fn connection_loop(
                                 }
                                 requests.push(Request::Ack { keys });
                             }
+                            Command::Flush(done) => flushed.push(done),
                         }
                     }
                     let mut broken = false;
@@ -175,6 +188,9 @@ async fn connection_loop(
                     }
                     if broken {
                         break;
+                    }
+                    for done in flushed {
+                        let _ = done.send(());
                     }
                 }
                 reply = reader.recv::<Reply>() => match reply {

@@ -31,6 +31,9 @@ pub enum Command {
     Resume(super::run_cmd::ResumeArgs),
     /// Show runs, one run's summary or task tree, or one task's history (live or afterwards).
     Inspect(super::inspect_cmd::InspectArgs),
+    /// A self-contained tour: an embedded pool, scripted agents, a workflow with fan-out,
+    /// hooks, a retry and a finally hook, then what `inspect` shows.
+    Demo(super::demo::DemoArgs),
     /// Inspect, validate and draw workflow configs.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -50,6 +53,7 @@ fn dispatch(command: Command) -> CliResult {
         }
         Command::Run(args) => super::run_cmd::run(args),
         Command::Resume(args) => super::run_cmd::resume(args),
+        Command::Demo(args) => super::demo::run(args),
         Command::Inspect(args) => {
             super::restore_sigpipe();
             super::inspect_cmd::run(args)

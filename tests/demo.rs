@@ -46,6 +46,11 @@ fn demo_completes_every_task_prints_the_summary_and_tree_and_cleans_up() {
         stdout.contains("finally hook summary: 5 fixes verified"),
         "{stdout}"
     );
+    let left: Vec<_> = demo_dirs()
+        .into_iter()
+        .filter(|d| !before.contains(d))
+        .collect();
+    assert!(left.is_empty(), "demo left {left:?} behind");
 }
 
 fn demo_dirs() -> Vec<std::path::PathBuf> {

@@ -2,15 +2,18 @@
 //! The work itself lives in `engine`, `store` and `pool`.
 
 mod config_cmd;
+mod demo;
 pub mod entry_value;
 pub mod exit;
 mod inspect_cmd;
 pub mod locations;
 pub mod logging;
+pub mod pool_cli;
 mod progress;
 mod run_cmd;
 mod runner;
 
+pub use pool_cli::main as pool_main;
 pub use runner::main as runner_main;
 
 /// Restores the default SIGPIPE action so `drover … | head` ends quietly instead of panicking

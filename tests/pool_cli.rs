@@ -1,0 +1,563 @@
+//! `drover-pool` as users and agents run it: real processes, a real daemon in a temporary
+//! root. Every spawned process is owned by a guard that kills it on drop; waits poll for a
+//! condition with a generous deadline instead of sleeping.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use drover::pool::protocol::{AgentMessage, AnswerOutcome, PoolTask, Reply, Request, TaskRef};
+use serde_json::{Value, json};
+
+const DEADLINE: Duration = Duration::from_secs(60);
+
+fn bin() -> &'static str {
+    env!("CARGO_BIN_EXE_drover-pool")
+}
+
+/// `drover-pool ARGS` with no pool location inherited from the environment.
+fn command(args: &[&str]) -> Command {
+    let mut command = Command::new(bin());
+    command
+        .args(args)
+        .env_remove("DROVER_POOL")
+        .env_remove("DROVER_ROOT")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null());
+    command
+}
+
+static NEXT_LOG: AtomicUsize = AtomicUsize::new(0);
+
+/// A running `drover-pool` process whose stdout and stderr go to files (no pipe to fill up).
+/// Killed when dropped.
+struct Proc {
+    child: Child,
+    label: String,
+    out: PathBuf,
+    err: PathBuf,
+    status: Option<ExitStatus>,
+}
+
+impl Proc {
+    fn spawn(logs: &Path, mut command: Command, label: &str) -> Proc {
+        let n = NEXT_LOG.fetch_add(1, Ordering::SeqCst);
+        let out = logs.join(format!("{n}-{label}.out"));
+        let err = logs.join(format!("{n}-{label}.err"));
+        let child = command
+            .stdout(File::create(&out).expect("stdout file"))
+            .stderr(File::create(&err).expect("stderr file"))
+            .spawn()
+            .expect("drover-pool starts");
+        Proc {
+            child,
+            label: label.to_string(),
+            out,
+            err,
+            status: None,
+        }
+    }
+
+    fn exited(&mut self) -> Option<ExitStatus> {
+        if self.status.is_none() {
+            self.status = self.child.try_wait().expect("try_wait");
+        }
+        self.status
+    }
+
+    #[track_caller]
+    fn wait(&mut self) -> ExitStatus {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.exited() {
+                return status;
+            }
+            assert!(
+                started.elapsed() < DEADLINE,
+                "`{}` did not exit within {DEADLINE:?}; stderr:\n{}",
+                self.label,
+                self.stderr()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.err).unwrap_or_default()
+    }
+
+    fn kill(&mut self) {
+        if self.exited().is_none() {
+            let _ = self.child.kill();
+            self.status = self.child.wait().ok();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A finished command: exit status, stdout, stderr.
+struct Done {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+#[track_caller]
+fn run(logs: &Path, args: &[&str]) -> Done {
+    let mut proc = Proc::spawn(logs, command(args), args[0]);
+    let status = proc.wait();
+    Done {
+        status,
+        stdout: proc.stdout(),
+        stderr: proc.stderr(),
+    }
+}
+
+/// Polls `condition` until it holds, failing the test after the deadline.
+#[track_caller]
+fn wait_until(what: &str, mut condition: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !condition() {
+        assert!(
+            started.elapsed() < DEADLINE,
+            "timed out waiting until {what}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A temporary pool root and a place for process logs.
+struct Pool {
+    dir: tempfile::TempDir,
+}
+
+impl Pool {
+    fn new() -> Pool {
+        let dir = tempfile::Builder::new()
+            .prefix("dp")
+            .tempdir()
+            .expect("tempdir");
+        std::fs::create_dir(dir.path().join("logs")).expect("logs dir");
+        Pool { dir }
+    }
+
+    fn root(&self) -> &str {
+        self.dir.path().to_str().expect("utf-8 temp path")
+    }
+
+    fn logs(&self) -> PathBuf {
+        self.dir.path().join("logs")
+    }
+
+    fn pool_dir(&self) -> PathBuf {
+        self.dir.path().join("pools").join("default")
+    }
+
+    /// `drover-pool SUB --root ROOT ARGS…`, run to completion.
+    #[track_caller]
+    fn run(&self, sub: &str, args: &[&str]) -> Done {
+        let mut all = vec![sub, "--root", self.root()];
+        all.extend_from_slice(args);
+        run(&self.logs(), &all)
+    }
+
+    fn spawn(&self, sub: &str, args: &[&str]) -> Proc {
+        let mut all = vec![sub, "--root", self.root()];
+        all.extend_from_slice(args);
+        Proc::spawn(&self.logs(), command(&all), sub)
+    }
+
+    /// Starts a daemon and waits until it answers `status`.
+    #[track_caller]
+    fn start(&self) -> Proc {
+        let mut daemon = self.spawn("start", &[]);
+        wait_until("the daemon answers status", || {
+            if let Some(status) = daemon.exited() {
+                panic!(
+                    "the daemon exited early ({status}); stderr:\n{}",
+                    daemon.stderr()
+                );
+            }
+            self.run("status", &[]).status.success()
+        });
+        daemon
+    }
+
+    fn status_json(&self) -> Option<Value> {
+        let done = self.run("status", &["--json"]);
+        if !done.status.success() {
+            return None;
+        }
+        Some(serde_json::from_str(&done.stdout).expect("status --json prints JSON"))
+    }
+
+    /// Waits until agent `name` is waiting in get-task.
+    #[track_caller]
+    fn wait_idle(&self, name: &str) {
+        wait_until(&format!("agent `{name}` is waiting"), || {
+            self.status_json().is_some_and(|status| {
+                status["agents"]
+                    .as_array()
+                    .expect("agents array")
+                    .iter()
+                    .any(|a| a["name"] == name && a["state"] == "idle")
+            })
+        });
+    }
+}
+
+#[track_caller]
+fn assert_has(haystack: &str, needle: &str) {
+    assert!(
+        haystack.contains(needle),
+        "expected {needle:?} in:\n{haystack}"
+    );
+}
+
+#[track_caller]
+fn one_message(done_stdout: &str) -> AgentMessage {
+    let lines: Vec<&str> = done_stdout.lines().collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "one JSON line expected, got:\n{done_stdout}"
+    );
+    serde_json::from_str(lines[0]).expect("an agent message")
+}
+
+// --- without a daemon ---
+
+#[test]
+fn protocol_without_flags_prints_commands_without_them() {
+    let output = command(&["protocol", "--name", "alice"])
+        .output()
+        .expect("runs");
+    assert!(output.status.success());
+    let text = String::from_utf8(output.stdout).expect("utf-8");
+    assert_has(&text, "\n   drover-pool get-task --name alice\n");
+    assert!(!text.contains("--pool"), "{text}");
+    assert!(!text.contains("--root"), "{text}");
+    assert_has(&text, "\"kind\": \"Kicked\"");
+    assert_has(&text, "response_file");
+    assert_has(&text, "next_steps");
+}
+
+#[test]
+fn protocol_repeats_given_flags_exactly() {
+    let output = command(&[
+        "protocol",
+        "--name",
+        "bob",
+        "--pool=reviews",
+        "--root",
+        "/tmp/a root",
+    ])
+    .output()
+    .expect("runs");
+    assert!(output.status.success());
+    let text = String::from_utf8(output.stdout).expect("utf-8");
+    assert_has(
+        &text,
+        "\n   drover-pool get-task --name bob --pool reviews --root '/tmp/a root'\n",
+    );
+
+    let output = command(&["protocol", "--root", "/srv/drover", "--name", "bob"])
+        .output()
+        .expect("runs");
+    let text = String::from_utf8(output.stdout).expect("utf-8");
+    assert_has(
+        &text,
+        "\n   drover-pool get-task --name bob --root /srv/drover\n",
+    );
+    assert!(!text.contains("--pool"), "{text}");
+}
+
+#[test]
+fn protocol_does_not_turn_environment_values_into_flags() {
+    let output = command(&["protocol", "--name", "carol"])
+        .env("DROVER_POOL", "from-env")
+        .env("DROVER_ROOT", "/tmp/from-env")
+        .output()
+        .expect("runs");
+    assert!(output.status.success());
+    let text = String::from_utf8(output.stdout).expect("utf-8");
+    assert_has(&text, "\n   drover-pool get-task --name carol\n");
+    assert!(!text.contains("--pool"), "{text}");
+    assert!(!text.contains("--root"), "{text}");
+    assert!(!text.contains("from-env"), "{text}");
+}
+
+#[test]
+fn status_stop_and_kick_without_a_daemon_exit_3() {
+    let pool = Pool::new();
+    for (sub, args) in [
+        ("status", vec![]),
+        ("status", vec!["--json"]),
+        ("stop", vec![]),
+        ("kick", vec!["--name", "a"]),
+    ] {
+        let done = pool.run(sub, &args);
+        assert_eq!(done.status.code(), Some(3), "{sub}: {}", done.stderr);
+        assert_has(&done.stderr, "no pool daemon is running for pool `default`");
+        assert_has(&done.stderr, "drover-pool start");
+        assert!(done.stdout.is_empty(), "{sub} printed {}", done.stdout);
+    }
+}
+
+#[test]
+fn get_task_on_a_stopped_pool_is_kicked() {
+    let pool = Pool::new();
+    std::fs::create_dir_all(pool.pool_dir()).expect("pool dir");
+    std::fs::write(pool.pool_dir().join("stopped"), "stopped\n").expect("marker");
+    for sub in ["get-task", "get_task"] {
+        let done = pool.run(sub, &["--name", "a"]);
+        assert!(done.status.success(), "{}", done.stderr);
+        assert_eq!(
+            one_message(&done.stdout),
+            AgentMessage::Kicked {
+                reason: "the pool was stopped".into()
+            }
+        );
+    }
+    let done = pool.run("agent", &["--name", "a", "--", "cat"]);
+    assert!(done.status.success(), "{}", done.stderr);
+    assert_has(&done.stderr, "the pool was stopped");
+}
+
+// --- with a daemon ---
+
+#[test]
+fn kick_reaches_a_waiting_agent() {
+    let pool = Pool::new();
+    let _daemon = pool.start();
+
+    let mut get_task = pool.spawn("get-task", &["--name", "a"]);
+    pool.wait_idle("a");
+    assert!(get_task.exited().is_none(), "get-task blocks while idle");
+    let done = pool.run("kick", &["--name", "a"]);
+    assert!(done.status.success(), "{}", done.stderr);
+    assert!(get_task.wait().success(), "{}", get_task.stderr());
+    assert!(matches!(
+        one_message(&get_task.stdout()),
+        AgentMessage::Kicked { .. }
+    ));
+
+    // `agent` exits 0 when kicked.
+    let mut agent = pool.spawn("agent", &["--name", "b", "--", "cat"]);
+    pool.wait_idle("b");
+    assert!(pool.run("kick", &["--name", "b"]).status.success());
+    assert!(agent.wait().success(), "{}", agent.stderr());
+    assert_has(&agent.stderr(), "kicked");
+
+    let done = pool.run("kick", &["--name", "nobody"]);
+    assert_eq!(done.status.code(), Some(1));
+    assert_has(&done.stderr, "no agent named `nobody`");
+}
+
+#[test]
+fn a_second_daemon_on_the_same_pool_is_refused() {
+    let pool = Pool::new();
+    let mut first = pool.start();
+    let done = pool.run("start", &[]);
+    assert!(!done.status.success());
+    assert_has(&done.stderr, "already running");
+    assert!(first.exited().is_none(), "the first daemon keeps running");
+    assert!(pool.run("status", &[]).status.success());
+}
+
+#[test]
+fn a_second_live_get_task_under_one_name_is_refused() {
+    let pool = Pool::new();
+    let _daemon = pool.start();
+    let mut first = pool.spawn("get-task", &["--name", "a"]);
+    pool.wait_idle("a");
+    let done = pool.run("get-task", &["--name", "a"]);
+    assert_eq!(done.status.code(), Some(2), "{}", done.stderr);
+    assert_has(&done.stderr, "already waiting");
+    assert!(done.stdout.is_empty());
+    assert!(first.exited().is_none(), "the first get-task keeps waiting");
+    // Another name is fine.
+    let mut other = pool.spawn("get-task", &["--name", "b"]);
+    pool.wait_idle("b");
+    assert!(other.exited().is_none());
+}
+
+#[test]
+fn stop_kicks_waiting_agents_and_the_daemon_exits_0() {
+    let pool = Pool::new();
+    let mut daemon = pool.start();
+    let mut get_task = pool.spawn("get-task", &["--name", "a"]);
+    pool.wait_idle("a");
+
+    let table = pool.run("status", &[]);
+    assert!(table.status.success());
+    assert_has(&table.stdout, "idle");
+    assert_has(&table.stdout, "queued: 0");
+
+    let done = pool.run("stop", &[]);
+    assert!(done.status.success(), "{}", done.stderr);
+    assert!(get_task.wait().success(), "{}", get_task.stderr());
+    assert_eq!(
+        one_message(&get_task.stdout()),
+        AgentMessage::Kicked {
+            reason: "the pool was stopped".into()
+        }
+    );
+    let status = daemon.wait();
+    assert!(status.success(), "{status}: {}", daemon.stderr());
+    // Agents that come later are told too, and status says the daemon is gone.
+    let late = pool.run("get-task", &["--name", "b"]);
+    assert!(matches!(
+        one_message(&late.stdout),
+        AgentMessage::Kicked { .. }
+    ));
+    let done = pool.run("status", &[]);
+    assert_eq!(done.status.code(), Some(3));
+    assert_has(&done.stderr, "stopped with `drover-pool stop`");
+}
+
+/// The runner's side of the socket, enough to submit tasks and read answers.
+struct TestRunner {
+    reader: BufReader<UnixStream>,
+    writer: UnixStream,
+    run_id: String,
+}
+
+impl TestRunner {
+    fn connect(pool: &Pool) -> TestRunner {
+        let stream =
+            UnixStream::connect(pool.pool_dir().join("pool.sock")).expect("the daemon listens");
+        stream
+            .set_read_timeout(Some(DEADLINE))
+            .expect("read timeout");
+        let run_id = ulid::Ulid::generate().to_string();
+        let mut runner = TestRunner {
+            reader: BufReader::new(stream.try_clone().expect("clone")),
+            writer: stream,
+            run_id: run_id.clone(),
+        };
+        runner.send(&Request::Runner { run_id });
+        runner
+    }
+
+    fn send(&mut self, request: &Request) {
+        let mut line = serde_json::to_vec(request).expect("encodes");
+        line.push(b'\n');
+        self.writer.write_all(&line).expect("sent");
+    }
+
+    fn submit(&mut self, value: Value) -> String {
+        let task_id = ulid::Ulid::generate().to_string();
+        self.send(&Request::Submit {
+            tasks: vec![PoolTask {
+                run_id: self.run_id.clone(),
+                task_id: task_id.clone(),
+                attempt: 1,
+                instructions: "Do it.".into(),
+                task: TaskRef {
+                    kind: "Work".into(),
+                    value,
+                },
+                next_steps: vec![],
+            }],
+        });
+        task_id
+    }
+
+    fn answer(&mut self) -> (String, AnswerOutcome) {
+        let mut line = String::new();
+        self.reader.read_line(&mut line).expect("an answer arrives");
+        match serde_json::from_str(&line).expect("a reply") {
+            Reply::Answer { key, outcome, .. } => (key.task_id, outcome),
+            other => panic!("expected an answer, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn get_task_survives_a_daemon_restart_and_agent_answers_tasks() {
+    let pool = Pool::new();
+    let mut daemon = pool.start();
+    let mut get_task = pool.spawn("get-task", &["--name", "a"]);
+    pool.wait_idle("a");
+
+    // SIGKILL: the socket file stays behind; the next daemon takes it over.
+    daemon.kill();
+    let _daemon = pool.start();
+    pool.wait_idle("a");
+    assert!(
+        get_task.exited().is_none(),
+        "get-task waited through the restart"
+    );
+
+    let mut runner = TestRunner::connect(&pool);
+    let first = runner.submit(json!({"n": 1}));
+    assert!(get_task.wait().success(), "{}", get_task.stderr());
+    let AgentMessage::Task {
+        task_id,
+        response_file,
+        task,
+        ..
+    } = one_message(&get_task.stdout())
+    else {
+        panic!("expected a task: {}", get_task.stdout())
+    };
+    assert_eq!(task_id, first);
+    assert_eq!(task.value, json!({"n": 1}));
+    std::fs::write(&response_file, "[]").expect("answer written");
+    let (answered, outcome) = runner.answer();
+    assert_eq!(answered, first);
+    assert_eq!(outcome, AnswerOutcome::Answered { text: "[]".into() });
+
+    // `agent`: the task message on stdin, stdout as the answer, even on a non-zero exit.
+    let seen = pool.dir.path().join("seen.json");
+    let script = r#"cat > "$0"; printf '[{"kind":"Next","value":"%s"}]' "$DROVER_TASK_ID"; exit 3"#;
+    let mut agent = pool.spawn(
+        "agent",
+        &[
+            "--name",
+            "b",
+            "--max-tasks",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            script,
+            seen.to_str().expect("utf-8"),
+        ],
+    );
+    let second = runner.submit(json!({"n": 2}));
+    let (answered, outcome) = runner.answer();
+    assert_eq!(answered, second);
+    assert_eq!(
+        outcome,
+        AnswerOutcome::Answered {
+            text: format!(r#"[{{"kind":"Next","value":"{second}"}}]"#)
+        }
+    );
+    assert!(agent.wait().success(), "{}", agent.stderr());
+    assert_has(&agent.stderr(), "exit status: 3");
+    let input: AgentMessage =
+        serde_json::from_str(&std::fs::read_to_string(&seen).expect("input saved"))
+            .expect("the task message on stdin");
+    assert!(matches!(input, AgentMessage::Task { task_id, .. } if task_id == second));
+    let leftovers: Vec<String> = std::fs::read_dir(pool.pool_dir().join("responses"))
+        .expect("responses dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|name| name.contains(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
+}

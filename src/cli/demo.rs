@@ -5,7 +5,7 @@
 //! `drover inspect` shows and removes everything it created.
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -195,7 +195,9 @@ async fn scripted_agent(paths: PoolPaths, name: String) {
         // Look busy for a moment so the progress is visible.
         tokio::time::sleep(Duration::from_millis(150 + 50 * (name.len() as u64))).await;
         let answer = answer_for(&task.kind, &task.value, attempt);
-        if let Err(e) = write_atomically(Path::new(&response_file), &answer) {
+        if let Err(e) =
+            crate::pool::agent::write_atomically(Path::new(&response_file), answer.as_bytes())
+        {
             eprintln!("demo agent {name}: {e}");
             return;
         }
@@ -226,10 +228,4 @@ fn answer_for(kind: &str, value: &Value, attempt: u32) -> String {
         "Fix" => json!([{"kind": "Verify", "value": value}]).to_string(),
         _ => "[]".to_string(),
     }
-}
-
-fn write_atomically(path: &Path, text: &str) -> Result<(), String> {
-    let tmp: PathBuf = path.with_extension(format!("tmp-{}", std::process::id()));
-    std::fs::write(&tmp, text).map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("cannot rename into {}: {e}", path.display()))
 }

@@ -27,3 +27,9 @@ pub fn restore_sigpipe() {
         let _ = signal(Signal::SIGPIPE, SigHandler::SigDfl);
     }
 }
+
+/// Writes the completion script of a clap command line for `shell` to stdout.
+pub fn print_completions<C: clap::CommandFactory>(shell: clap_complete::Shell, name: &str) {
+    let mut command = C::command();
+    clap_complete::generate(shell, &mut command, name, &mut std::io::stdout());
+}

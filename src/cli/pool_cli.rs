@@ -45,6 +45,11 @@ pub struct PoolCli {
 
 #[derive(Debug, Subcommand)]
 pub enum PoolCommand {
+    /// Print a shell completion script (e.g. `drover-pool completions bash > ~/.local/share/bash-completion/completions/drover-pool`).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Run the pool daemon in the foreground until SIGINT/SIGTERM or `drover-pool stop`.
     ///
     /// A second daemon on the same pool is refused; a stale socket left by a killed daemon is
@@ -160,6 +165,11 @@ pub fn main() -> ExitCode {
 
 fn dispatch(command: PoolCommand, matches: &ArgMatches) -> CliResult {
     match command {
+        PoolCommand::Completions { shell } => {
+            super::restore_sigpipe();
+            super::print_completions::<PoolCli>(shell, "drover-pool");
+            Ok(ExitCode::SUCCESS)
+        }
         PoolCommand::Start(args) => start(args),
         PoolCommand::Stop(args) => stop(args),
         PoolCommand::Status(args) => {

@@ -34,6 +34,11 @@ pub enum Command {
     /// A self-contained tour: an embedded pool, scripted agents, a workflow with fan-out,
     /// hooks, a retry and a finally hook, then what `inspect` shows.
     Demo(super::demo::DemoArgs),
+    /// Print a shell completion script (e.g. `drover completions bash > ~/.local/share/bash-completion/completions/drover`).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
     /// Inspect, validate and draw workflow configs.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -54,6 +59,11 @@ fn dispatch(command: Command) -> CliResult {
         Command::Run(args) => super::run_cmd::run(args),
         Command::Resume(args) => super::run_cmd::resume(args),
         Command::Demo(args) => super::demo::run(args),
+        Command::Completions { shell } => {
+            super::restore_sigpipe();
+            super::print_completions::<Cli>(shell, "drover");
+            Ok(std::process::ExitCode::SUCCESS)
+        }
         Command::Inspect(args) => {
             super::restore_sigpipe();
             super::inspect_cmd::run(args)

@@ -180,7 +180,6 @@ fn spawn_tasks(
             result: None,
             invalid_response: false,
             error: None,
-            open_children: 0,
             finally: if step.finally_hook.is_some() {
                 FinallyState::Waiting
             } else {
@@ -550,11 +549,8 @@ impl Driver {
                             siblings,
                             now,
                         )?;
-                        if let Some(parent_id) = task.parent
-                            && let Some(mut parent) = w.task(self.run_id, parent_id)?
-                        {
-                            parent.open_children += added;
-                            w.put_task(self.run_id, parent_id, &parent)?;
+                        if let Some(parent_id) = task.parent {
+                            w.add_open_children(self.run_id, parent_id, added)?;
                         }
                         task.finally = FinallyState::Done;
                         (
@@ -595,7 +591,7 @@ impl Driver {
         w: &mut Writer<'_>,
         run: &mut RunV1,
         task_id: u128,
-        mut task: TaskV1,
+        task: TaskV1,
         decision: Decision,
         log: Option<HookLogV1>,
         now: u64,
@@ -635,7 +631,7 @@ impl Driver {
         }
         if !decision.spawn.is_empty() {
             let workflow = self.workflow.clone();
-            task.open_children += spawn_tasks(
+            let added = spawn_tasks(
                 w,
                 &workflow,
                 &mut self.ids,
@@ -645,6 +641,7 @@ impl Driver {
                 decision.spawn,
                 now,
             )?;
+            w.add_open_children(self.run_id, task_id, added)?;
         }
         match decision.to {
             Phase::Completed => run.tasks_completed += 1,
@@ -678,12 +675,16 @@ impl Driver {
         now: u64,
         jobs: &mut Vec<Job>,
     ) -> Result<(), StoreError> {
+        // The caller changed `task`; ancestors are rewritten only when their finally starts.
+        let mut changed = true;
         loop {
+            let open_children = w.open_children(self.run_id, task_id)?;
             if task.phase.is_settled()
-                && task.open_children == 0
+                && open_children == 0
                 && task.finally == FinallyState::Waiting
             {
                 task.finally = FinallyState::Running;
+                changed = true;
                 w.mark_in_flight(self.run_id, FINALLY_CODE, task_id)?;
                 w.transition(
                     self.run_id,
@@ -707,21 +708,27 @@ impl Driver {
                     },
                 });
             }
-            let finished = task.is_finished();
-            w.put_task(self.run_id, task_id, &task)?;
-            if !finished {
+            if changed {
+                w.put_task(self.run_id, task_id, &task)?;
+            }
+            if !task.is_finished(open_children) {
                 return Ok(());
             }
             run.tasks_open = run.tasks_open.saturating_sub(1);
             let Some(parent_id) = task.parent else {
                 return Ok(());
             };
-            let Some(mut parent) = w.task(self.run_id, parent_id)? else {
+            // Only the counter is touched while siblings are still open: the parent's record
+            // (which may hold a huge answer) is read once, when its last child finishes.
+            if w.child_finished(self.run_id, parent_id)? > 0 {
+                return Ok(());
+            }
+            let Some(parent) = w.task(self.run_id, parent_id)? else {
                 return Ok(());
             };
-            parent.open_children = parent.open_children.saturating_sub(1);
             task_id = parent_id;
             task = parent;
+            changed = false;
         }
     }
 

@@ -81,7 +81,6 @@ fn task_on(step: &str, value: &str) -> TaskV1 {
         result: None,
         invalid_response: false,
         error: None,
-        open_children: 0,
         finally: FinallyState::None,
         created_ms: 0,
         updated_ms: 0,

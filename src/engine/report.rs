@@ -291,7 +291,7 @@ pub fn task_report(
         action_value: task.action_value.as_deref().map(json),
         result: task.result.as_deref().map(json),
         error: task.error.clone(),
-        open_children: task.open_children,
+        open_children: reader.open_children(run_id.0, task_id.0)?,
         finally: finally_label(&task.finally),
         transitions,
         hook_logs,

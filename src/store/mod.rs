@@ -116,6 +116,7 @@ impl Store {
             // Create every table so read-only openers never see a missing one.
             txn.open_table(tables::RUNS)?;
             txn.open_table(tables::TASKS)?;
+            txn.open_table(tables::OPEN_CHILDREN)?;
             txn.open_table(tables::QUEUE)?;
             txn.open_table(tables::IN_FLIGHT)?;
             txn.open_table(tables::TRANSITIONS)?;

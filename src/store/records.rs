@@ -143,18 +143,17 @@ pub struct TaskV1 {
     pub invalid_response: bool,
     /// Why the task failed, or why the last attempt did.
     pub error: Option<String>,
-    /// Children not yet finished. 64 bits: a fan-out may be very large.
-    pub open_children: u64,
     pub finally: FinallyState,
     pub created_ms: u64,
     pub updated_ms: u64,
 }
 
 impl TaskV1 {
-    /// Settled, every descendant finished, and finally (if any) done: the parent may count it.
-    pub fn is_finished(&self) -> bool {
+    /// Settled, every descendant finished (`open_children`, kept in its own table), and finally
+    /// (if any) done: the parent may count it.
+    pub fn is_finished(&self, open_children: u64) -> bool {
         self.phase.is_settled()
-            && self.open_children == 0
+            && open_children == 0
             && matches!(
                 self.finally,
                 FinallyState::None | FinallyState::Done | FinallyState::Failed(_)
@@ -270,7 +269,6 @@ mod tests {
             result: None,
             invalid_response: true,
             error: Some("boom".into()),
-            open_children: 70_000,
             finally: FinallyState::Failed("x".into()),
             created_ms: 1,
             updated_ms: 2,

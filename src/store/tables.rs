@@ -14,6 +14,10 @@ pub const QUEUE: TableDefinition<(u128, u32, u64, u128), ()> = TableDefinition::
 /// (run, phase code, task): unsettled tasks that were doing something (a phase or a finally
 /// hook) — what a resumed runner must pick up again.
 pub const IN_FLIGHT: TableDefinition<(u128, u8, u128), ()> = TableDefinition::new("in_flight");
+/// (run, task) → children not yet finished. Kept apart from the task record because it changes
+/// once per finishing child: rewriting a parent whose record holds a 10,000-task answer on
+/// every child would copy gigabytes. 64 bits: a fan-out may be very large.
+pub const OPEN_CHILDREN: TableDefinition<(u128, u128), u64> = TableDefinition::new("open_children");
 /// (run, sequence) → TransitionRecord.
 pub const TRANSITIONS: TableDefinition<(u128, u64), &[u8]> = TableDefinition::new("transitions");
 /// (run, task, sequence): a task's transitions without scanning the run's.

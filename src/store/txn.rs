@@ -13,6 +13,7 @@ use super::tables::*;
 pub struct Writer<'t> {
     runs: Table<'t, u128, &'static [u8]>,
     tasks: Table<'t, (u128, u128), &'static [u8]>,
+    open_children: Table<'t, (u128, u128), u64>,
     queue: Table<'t, (u128, u32, u64, u128), ()>,
     in_flight: Table<'t, (u128, u8, u128), ()>,
     transitions: Table<'t, (u128, u64), &'static [u8]>,
@@ -25,6 +26,7 @@ impl<'t> Writer<'t> {
         Ok(Self {
             runs: txn.open_table(RUNS)?,
             tasks: txn.open_table(TASKS)?,
+            open_children: txn.open_table(OPEN_CHILDREN)?,
             queue: txn.open_table(QUEUE)?,
             in_flight: txn.open_table(IN_FLIGHT)?,
             transitions: txn.open_table(TRANSITIONS)?,
@@ -57,6 +59,37 @@ impl<'t> Writer<'t> {
         let bytes = encode::<TaskRecord>(record.clone())?;
         self.tasks.insert((run, task), bytes.as_slice())?;
         Ok(())
+    }
+
+    pub fn open_children(&self, run: u128, task: u128) -> Result<u64, StoreError> {
+        Ok(self
+            .open_children
+            .get((run, task))?
+            .map_or(0, |v| v.value()))
+    }
+
+    pub fn add_open_children(
+        &mut self,
+        run: u128,
+        task: u128,
+        count: u64,
+    ) -> Result<(), StoreError> {
+        if count > 0 {
+            let now = self.open_children(run, task)?;
+            self.open_children.insert((run, task), now + count)?;
+        }
+        Ok(())
+    }
+
+    /// One child finished; returns how many are still open.
+    pub fn child_finished(&mut self, run: u128, task: u128) -> Result<u64, StoreError> {
+        let left = self.open_children(run, task)?.saturating_sub(1);
+        if left == 0 {
+            self.open_children.remove((run, task))?;
+        } else {
+            self.open_children.insert((run, task), left)?;
+        }
+        Ok(left)
     }
 
     pub fn enqueue(
@@ -191,6 +224,11 @@ impl Reader {
             Some(bytes) => Ok(Some(decode::<TaskRecord>(bytes.value())?)),
             None => Ok(None),
         }
+    }
+
+    pub fn open_children(&self, run: u128, task: u128) -> Result<u64, StoreError> {
+        let table = self.table(OPEN_CHILDREN)?;
+        Ok(table.get((run, task))?.map_or(0, |v| v.value()))
     }
 
     /// Visits every task of a run in creation order.

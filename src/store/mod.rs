@@ -58,6 +58,10 @@ from_redb!(
 
 pub const STATE_FILE: &str = "drover.redb";
 
+/// redb's page cache. Its default (1 GiB) would let a large run's memory grow with the file;
+/// the hot pages (queue heads, in-flight tasks, the run record) fit easily in this.
+const CACHE_BYTES: usize = 16 * 1024 * 1024;
+
 /// The runner's state file.
 pub struct Store {
     db: Database,
@@ -81,6 +85,7 @@ impl Store {
         };
         let db = Database::builder()
             .set_concurrency_mode(ConcurrencyMode::MultiWriter)
+            .set_cache_size(CACHE_BYTES)
             .create(path)
             .map_err(open_error)?;
         let store = Self {

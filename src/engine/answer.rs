@@ -162,6 +162,16 @@ impl TaskResult {
         }
     }
 
+    /// Takes the tasks to spawn out of the result.
+    pub fn into_next(self) -> Vec<NewTask> {
+        match self {
+            TaskResult::Success { next, .. } => next,
+            TaskResult::Timeout { next, .. }
+            | TaskResult::Error { next, .. }
+            | TaskResult::PreHookError { next, .. } => next.unwrap_or_default(),
+        }
+    }
+
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_else(|e| {
             format!("{{\"kind\":\"Error\",\"error\":\"unserializable result: {e}\"}}")

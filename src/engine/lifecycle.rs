@@ -225,8 +225,11 @@ fn settle(
     now_ms: u64,
 ) -> Decision {
     task.result = Some(result.to_json());
-    let spawn = result.next().to_vec();
-    if let TaskResult::Success { .. } = result {
+    let kind = result.kind();
+    let reason = describe(&result);
+    // Moved, not cloned: a fan-out answer can hold a very large number of tasks.
+    let spawn = result.into_next();
+    if kind == "Success" {
         task.phase = Phase::Completed;
         task.error = None;
         let detail = format!("Success, {} next task(s)", spawn.len());
@@ -238,11 +241,10 @@ fn settle(
             spawn,
         };
     }
-    let reason = describe(&result);
     task.error = Some(reason.clone());
-    let policy_allows = match &result {
-        TaskResult::Timeout { .. } => step.options.retry_on_timeout,
-        TaskResult::Error { .. } if task.invalid_response => step.options.retry_on_invalid_response,
+    let policy_allows = match kind {
+        "Timeout" => step.options.retry_on_timeout,
+        "Error" if task.invalid_response => step.options.retry_on_invalid_response,
         _ => true,
     };
     if policy_allows && retries_left(task, step) {

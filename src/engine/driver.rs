@@ -107,7 +107,19 @@ enum JobKind {
     Finally { value: String },
 }
 
-/// Creates a run record with its first tasks, returning the run id.
+/// The finally hook of `task`, fed the task's original value.
+fn finally_job(task_id: u128, task: &TaskV1) -> Job {
+    Job {
+        task: task_id,
+        attempt: task.attempt,
+        step: task.step.clone(),
+        kind: JobKind::Finally {
+            value: task.value.clone(),
+        },
+    }
+}
+
+/// Creates a run record with its first tasks.
 pub fn create_run(
     store: &Store,
     run_id: Ulid,
@@ -387,14 +399,7 @@ impl Driver {
             let step_index = self.step_index(&task.step);
             if code == FINALLY_CODE {
                 self.finally_running += 1;
-                jobs.push(Job {
-                    task: task_id,
-                    attempt: task.attempt,
-                    step: task.step.clone(),
-                    kind: JobKind::Finally {
-                        value: task.value.clone(),
-                    },
-                });
+                jobs.push(finally_job(task_id, &task));
                 continue;
             }
             let effect = match task.phase {
@@ -699,14 +704,7 @@ impl Driver {
                     },
                 )?;
                 self.finally_running += 1;
-                jobs.push(Job {
-                    task: task_id,
-                    attempt: task.attempt,
-                    step: task.step.clone(),
-                    kind: JobKind::Finally {
-                        value: task.value.clone(),
-                    },
-                });
+                jobs.push(finally_job(task_id, &task));
             }
             if changed {
                 w.put_task(self.run_id, task_id, &task)?;

@@ -602,12 +602,19 @@ impl Driver {
         now: u64,
         jobs: &mut Vec<Job>,
     ) -> Result<(), StoreError> {
+        // A retry has already moved the task to its next attempt; the transition belongs to
+        // the attempt that failed.
+        let attempt = if decision.to == Phase::Queued && decision.from.holds_slot() {
+            task.attempt.saturating_sub(1).max(1)
+        } else {
+            task.attempt
+        };
         let seq = w.transition(
             self.run_id,
             run,
             TransitionV1 {
                 task: task_id,
-                attempt: task.attempt,
+                attempt,
                 from: Some(Stage::Phase(decision.from)),
                 to: Stage::Phase(decision.to),
                 at_ms: now,

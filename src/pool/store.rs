@@ -34,7 +34,9 @@ pub enum EntryState {
 pub struct PoolEntryV1 {
     /// The submitted task as JSON text (values are arbitrary JSON).
     pub task: String,
-    pub state: EntryState,
+    /// The `EntryState` as JSON text: it holds an internally tagged `AnswerOutcome`, which
+    /// postcard can write but never read back.
+    pub state: String,
     pub submitted_ms: u64,
 }
 
@@ -106,11 +108,12 @@ impl PoolStore {
             let (key, value) = item.map_err(err)?;
             let PoolEntryRecord::V1(record) = postcard::from_bytes(value.value()).map_err(err)?;
             let task: PoolTask = serde_json::from_str(&record.task).map_err(err)?;
+            let state: EntryState = serde_json::from_str(&record.state).map_err(err)?;
             out.push((
                 key.value(),
                 Entry {
                     task,
-                    state: record.state,
+                    state,
                     submitted_ms: record.submitted_ms,
                 },
             ));
@@ -130,7 +133,7 @@ impl PoolStore {
             for (key, entry) in puts {
                 let record = PoolEntryRecord::V1(PoolEntryV1 {
                     task: serde_json::to_string(&entry.task).map_err(err)?,
-                    state: entry.state.clone(),
+                    state: serde_json::to_string(&entry.state).map_err(err)?,
                     submitted_ms: entry.submitted_ms,
                 });
                 let bytes = postcard::to_stdvec(&record).map_err(err)?;
@@ -142,5 +145,75 @@ impl PoolStore {
         }
         txn.commit().map_err(err)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::protocol::TaskRef;
+
+    #[test]
+    fn every_entry_state_survives_a_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("pool.redb");
+        let task = PoolTask {
+            run_id: "01J00000000000000000000000".into(),
+            task_id: "01J00000000000000000000001".into(),
+            attempt: 1,
+            instructions: "do it".into(),
+            task: TaskRef {
+                kind: "A".into(),
+                value: serde_json::json!({"n": 1}),
+            },
+            next_steps: Vec::new(),
+        };
+        let states = [
+            EntryState::Queued { seq: 3 },
+            EntryState::Assigned {
+                agent: "a".into(),
+                since_ms: 5,
+                epoch: 2,
+            },
+            EntryState::Recalled {
+                agent: "a".into(),
+                since_ms: 5,
+            },
+            EntryState::Answered {
+                outcome: AnswerOutcome::Answered { text: "[]".into() },
+                late: false,
+            },
+            EntryState::Answered {
+                outcome: AnswerOutcome::Failed {
+                    reason: "gone".into(),
+                },
+                late: true,
+            },
+        ];
+        {
+            let store = PoolStore::open(&path).unwrap();
+            let entries: Vec<(Key, Entry)> = states
+                .iter()
+                .enumerate()
+                .map(|(i, state)| {
+                    let entry = Entry {
+                        task: task.clone(),
+                        state: state.clone(),
+                        submitted_ms: 9,
+                    };
+                    ((1, i as u128, 1), entry)
+                })
+                .collect();
+            let refs: Vec<(Key, &Entry)> = entries.iter().map(|(k, e)| (*k, e)).collect();
+            store.commit(&refs, &[]).unwrap();
+        }
+        let reopened = PoolStore::open(&path).unwrap();
+        let loaded: Vec<EntryState> = reopened
+            .load()
+            .unwrap()
+            .into_iter()
+            .map(|(_, e)| e.state)
+            .collect();
+        assert_eq!(loaded, states);
     }
 }

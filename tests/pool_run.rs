@@ -1,0 +1,1182 @@
+//! `drover run` with `Pool` steps, end to end (CONTRACT.md §3, §4, §5): the real `drover` and
+//! `drover-pool` binaries and real agent processes in a temporary directory.
+//!
+//! Agents are `drover-pool agent --name N --root R -- sh -c '…'` processes (their stdout is the
+//! answer, written atomically), or the test itself calling `drover-pool get-task` and writing
+//! the response file when a test needs to control exactly when and how an answer is written.
+//! Agent scripts append `$DROVER_AGENT_NAME $DROVER_TASK_ID $DROVER_ATTEMPT` to a log, so the
+//! log says what every agent was handed; the runner's store, read through the library, says
+//! what was recorded.
+//!
+//! Every spawned process is owned by a guard that SIGKILLs it on drop. Waits poll a condition
+//! with a generous deadline; the only sleep that is not a poll is the pause of
+//! `a_response_file_is_read_only_once_complete`, which is the scenario itself (an answer
+//! written in two chunks), not an assertion.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fs::File;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use drover::pool::protocol::AgentMessage;
+use drover::store::{Phase, RunStatus, RunV1, Stage, Store, TaskV1, TransitionV1};
+use serde_json::{Value, json};
+use ulid::Ulid;
+
+/// Generous bound for conditions that normally hold within a second or two.
+const DEADLINE: Duration = Duration::from_secs(120);
+/// Bound for a whole run of the 500-task fan-out (a debug build on a small machine).
+const LONG_DEADLINE: Duration = Duration::from_secs(600);
+const POLL: Duration = Duration::from_millis(20);
+
+/// The scripts' wait for the release file: bounded (60 s), and over once the test's
+/// directory is gone, so a shell loop orphaned by a failed test ends by itself.
+const RELEASE_WAIT: &str = r#"i=0; while [ ! -e "$RELEASE" ] && [ -d "${RELEASE%/*}" ] && [ "$i" -lt 1200 ]; do sleep 0.05; i=$((i + 1)); done"#;
+
+static NEXT_LOG: AtomicUsize = AtomicUsize::new(0);
+
+/// A running process whose stdout and stderr go to files (no pipe to fill up). SIGKILLed when
+/// dropped.
+struct Proc {
+    child: Child,
+    label: String,
+    out: PathBuf,
+    err: PathBuf,
+    status: Option<ExitStatus>,
+}
+
+impl Proc {
+    fn spawn(logs: &Path, mut command: Command, label: &str) -> Proc {
+        let n = NEXT_LOG.fetch_add(1, Ordering::SeqCst);
+        let out = logs.join(format!("{n}-{label}.out"));
+        let err = logs.join(format!("{n}-{label}.err"));
+        let child = command
+            .stdout(File::create(&out).expect("stdout file"))
+            .stderr(File::create(&err).expect("stderr file"))
+            .spawn()
+            .unwrap_or_else(|e| panic!("`{label}` starts: {e}"));
+        Proc {
+            child,
+            label: label.to_string(),
+            out,
+            err,
+            status: None,
+        }
+    }
+
+    fn exited(&mut self) -> Option<ExitStatus> {
+        if self.status.is_none() {
+            self.status = self.child.try_wait().expect("try_wait");
+        }
+        self.status
+    }
+
+    #[track_caller]
+    fn wait_within(&mut self, deadline: Duration) -> ExitStatus {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.exited() {
+                return status;
+            }
+            assert!(
+                started.elapsed() < deadline,
+                "`{}` did not exit within {deadline:?}; stderr:\n{}",
+                self.label,
+                self.stderr()
+            );
+            std::thread::sleep(POLL);
+        }
+    }
+
+    /// Fails the test if the process has exited.
+    #[track_caller]
+    fn assert_alive(&mut self) {
+        if let Some(status) = self.exited() {
+            panic!(
+                "`{}` exited ({status}); stderr:\n{}",
+                self.label,
+                self.stderr()
+            );
+        }
+    }
+
+    fn stdout(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+
+    fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.err).unwrap_or_default()
+    }
+
+    /// SIGKILL, and reap.
+    fn kill(&mut self) {
+        if self.exited().is_none() {
+            let _ = self.child.kill();
+            self.status = self.child.wait().ok();
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A finished command.
+struct Done {
+    status: ExitStatus,
+    stdout: String,
+    stderr: String,
+}
+
+impl Done {
+    fn of(mut proc: Proc, deadline: Duration) -> Done {
+        let status = proc.wait_within(deadline);
+        Done {
+            status,
+            stdout: proc.stdout(),
+            stderr: proc.stderr(),
+        }
+    }
+}
+
+/// Polls `condition` until it holds, failing the test after `deadline`.
+#[track_caller]
+fn wait_until(what: &str, deadline: Duration, mut condition: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !condition() {
+        assert!(
+            started.elapsed() < deadline,
+            "timed out after {deadline:?} waiting until {what}"
+        );
+        std::thread::sleep(POLL);
+    }
+}
+
+#[track_caller]
+fn assert_has(haystack: &str, needle: &str) {
+    assert!(
+        haystack.contains(needle),
+        "expected {needle:?} in:\n{haystack}"
+    );
+}
+
+/// What the store holds about the one run of a state directory.
+struct RunState {
+    id: u128,
+    run: RunV1,
+    /// In creation order.
+    tasks: Vec<(u128, TaskV1)>,
+    transitions: HashMap<u128, Vec<TransitionV1>>,
+}
+
+impl RunState {
+    fn of_step(&self, step: &str) -> Vec<(u128, &TaskV1)> {
+        self.tasks
+            .iter()
+            .filter(|(_, t)| t.step == step)
+            .map(|(id, t)| (*id, t))
+            .collect()
+    }
+
+    #[track_caller]
+    fn only(&self, step: &str) -> (u128, &TaskV1) {
+        let tasks = self.of_step(step);
+        assert_eq!(tasks.len(), 1, "one `{step}` task expected: {tasks:?}");
+        tasks[0]
+    }
+
+    fn transitions(&self, task: u128) -> &[TransitionV1] {
+        self.transitions.get(&task).map_or(&[], Vec::as_slice)
+    }
+
+    /// Transitions of `task` to `Queued` or `Failed` that record an `Error` result.
+    fn errors(&self, task: u128) -> Vec<&TransitionV1> {
+        self.transitions(task)
+            .iter()
+            .filter(|t| t.detail.contains("Error"))
+            .collect()
+    }
+}
+
+/// The transition that ended the first attempt's action. (A retry transition is recorded
+/// under the attempt it starts, so the first attempt's error carries attempt 2.)
+#[track_caller]
+fn first_action_end(state: &RunState, task: u128) -> &TransitionV1 {
+    state
+        .transitions(task)
+        .iter()
+        .find(|t| t.from == Some(Stage::Phase(Phase::Action)))
+        .expect("the action ended")
+}
+
+/// Agent log lines: `name task attempt`.
+fn log_lines(path: &Path) -> Vec<(String, String, String)> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|line| {
+            let mut words = line.split_whitespace().map(str::to_string);
+            let mut next = || words.next().unwrap_or_default();
+            (next(), next(), next())
+        })
+        .collect()
+}
+
+/// A temporary directory holding the pool root, the runner's state directory, the workflow
+/// config (hooks and Command actions run there) and the processes' output.
+struct Env {
+    dir: tempfile::TempDir,
+}
+
+impl Env {
+    fn new() -> Env {
+        // Short: the pool socket path must fit in a sockaddr_un.
+        let dir = tempfile::Builder::new()
+            .prefix("dr")
+            .tempdir()
+            .expect("tempdir");
+        std::fs::create_dir(dir.path().join("logs")).expect("logs dir");
+        Env { dir }
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn root(&self) -> &str {
+        self.dir.path().to_str().expect("utf-8 temp path")
+    }
+
+    fn state(&self) -> PathBuf {
+        self.path("state")
+    }
+
+    fn state_arg(&self) -> String {
+        self.state().display().to_string()
+    }
+
+    fn logs(&self) -> PathBuf {
+        self.path("logs")
+    }
+
+    fn agent_log(&self) -> PathBuf {
+        self.path("agents.log")
+    }
+
+    fn release(&self) -> PathBuf {
+        self.path("release")
+    }
+
+    fn responses(&self) -> PathBuf {
+        self.path("pools/default/responses")
+    }
+
+    /// `BIN ARGS` with no location inherited from the environment, in the temp directory,
+    /// with `AGENT_LOG` and `RELEASE` naming this test's files.
+    fn command(&self, bin: &str, args: &[&str]) -> Command {
+        let mut command = Command::new(bin);
+        command
+            .args(args)
+            .current_dir(self.dir.path())
+            .env_remove("DROVER_POOL")
+            .env_remove("DROVER_ROOT")
+            .env_remove("DROVER_STATE_DIR")
+            .env_remove("DROVER_CONFIG")
+            .env_remove("RUST_LOG")
+            .env("AGENT_LOG", self.agent_log())
+            .env("RELEASE", self.release())
+            .stdin(Stdio::null());
+        command
+    }
+
+    /// `drover-pool SUB --root ROOT ARGS…`, spawned.
+    fn spawn_pool(&self, sub: &str, args: &[&str]) -> Proc {
+        let mut all = vec![sub, "--root", self.root()];
+        all.extend_from_slice(args);
+        let command = self.command(env!("CARGO_BIN_EXE_drover-pool"), &all);
+        Proc::spawn(&self.logs(), command, sub)
+    }
+
+    #[track_caller]
+    fn run_pool(&self, sub: &str, args: &[&str]) -> Done {
+        Done::of(self.spawn_pool(sub, args), DEADLINE)
+    }
+
+    /// `drover ARGS`, spawned.
+    fn spawn_drover(&self, args: &[&str]) -> Proc {
+        let command = self.command(env!("CARGO_BIN_EXE_drover"), args);
+        Proc::spawn(&self.logs(), command, args[0])
+    }
+
+    /// Starts a daemon and waits until it answers `status`.
+    #[track_caller]
+    fn start_daemon(&self) -> Proc {
+        let mut daemon = self.spawn_pool("start", &[]);
+        wait_until("the daemon answers status", DEADLINE, || {
+            if let Some(status) = daemon.exited() {
+                panic!(
+                    "the daemon exited early ({status}); stderr:\n{}",
+                    daemon.stderr()
+                );
+            }
+            self.status_json().is_some()
+        });
+        daemon
+    }
+
+    fn status_json(&self) -> Option<Value> {
+        let done = self.run_pool("status", &["--json"]);
+        if !done.status.success() {
+            return None;
+        }
+        Some(serde_json::from_str(&done.stdout).expect("status --json prints JSON"))
+    }
+
+    /// Waits until every agent in `names` is waiting in get-task.
+    #[track_caller]
+    fn wait_idle(&self, names: &[String]) {
+        wait_until(&format!("agents {names:?} are waiting"), DEADLINE, || {
+            self.status_json().is_some_and(|status| {
+                let agents = status["agents"].as_array().expect("agents array");
+                names.iter().all(|name| {
+                    agents
+                        .iter()
+                        .any(|a| a["name"] == name.as_str() && a["state"] == "idle")
+                })
+            })
+        });
+    }
+
+    /// `drover-pool agent --name NAME --root ROOT -- sh -c SCRIPT`.
+    fn agent(&self, name: &str, script: &str) -> Proc {
+        self.spawn_pool("agent", &["--name", name, "--", "sh", "-c", script])
+    }
+
+    /// `drover-pool get-task --name NAME`, to completion: the task it was handed.
+    #[track_caller]
+    fn get_task(&self, name: &str) -> (String, u32, PathBuf) {
+        let done = self.run_pool("get-task", &["--name", name]);
+        assert!(done.status.success(), "get-task: {}", done.stderr);
+        task_of(&done.stdout)
+    }
+
+    fn write_config(&self, config: &Value) -> String {
+        let path = self.path("workflow.json");
+        std::fs::write(
+            &path,
+            serde_json::to_string_pretty(config).expect("config encodes"),
+        )
+        .expect("config written");
+        path.display().to_string()
+    }
+
+    /// `drover run --config C --state-dir S --root R EXTRA…`, spawned.
+    fn spawn_run(&self, config: &str, extra: &[&str]) -> Proc {
+        let state = self.state_arg();
+        let mut args = vec![
+            "run",
+            "--config",
+            config,
+            "--state-dir",
+            &state,
+            "--root",
+            self.root(),
+        ];
+        args.extend_from_slice(extra);
+        self.spawn_drover(&args)
+    }
+
+    /// The one run of the state directory, if it has been recorded.
+    fn read_run(&self) -> Option<RunState> {
+        if !self.state().join(drover::store::STATE_FILE).exists() {
+            return None;
+        }
+        let store = Store::open(&self.state()).expect("the state store opens");
+        let reader = store.read().expect("a read snapshot");
+        let runs = reader.runs().expect("runs");
+        assert!(
+            runs.len() <= 1,
+            "at most one run expected, found {}",
+            runs.len()
+        );
+        let (id, run) = runs.into_iter().next()?;
+        let mut tasks = Vec::new();
+        reader
+            .for_each_task(id, |task_id, task| tasks.push((task_id, task)))
+            .expect("tasks");
+        let mut transitions = HashMap::new();
+        for (task_id, _) in &tasks {
+            let list = reader
+                .task_transitions(id, *task_id)
+                .expect("transitions")
+                .into_iter()
+                .map(|(_, t)| t)
+                .collect();
+            transitions.insert(*task_id, list);
+        }
+        Some(RunState {
+            id,
+            run,
+            tasks,
+            transitions,
+        })
+    }
+
+    #[track_caller]
+    fn run_state(&self) -> RunState {
+        self.read_run().expect("a run was recorded")
+    }
+
+    /// `drover inspect RUN --task TASK --json`.
+    #[track_caller]
+    fn inspect_task(&self, run: u128, task: u128) -> Value {
+        let state = self.state_arg();
+        let done = Done::of(
+            self.spawn_drover(&[
+                "inspect",
+                &Ulid(run).to_string(),
+                "--task",
+                &Ulid(task).to_string(),
+                "--json",
+                "--state-dir",
+                &state,
+            ]),
+            DEADLINE,
+        );
+        assert!(done.status.success(), "inspect: {}", done.stderr);
+        serde_json::from_str(&done.stdout).expect("inspect --json prints JSON")
+    }
+}
+
+/// The task in one line of `get-task` output: (task id, attempt, response file).
+#[track_caller]
+fn task_of(stdout: &str) -> (String, u32, PathBuf) {
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "one JSON line expected, got:\n{stdout}");
+    match serde_json::from_str(lines[0]).expect("an agent message") {
+        AgentMessage::Task {
+            task_id,
+            attempt,
+            response_file,
+            ..
+        } => (task_id, attempt, PathBuf::from(response_file)),
+        other => panic!("expected a task, got {other:?}"),
+    }
+}
+
+#[track_caller]
+fn assert_exit(done: &Done, code: i32) {
+    assert_eq!(
+        done.status.code(),
+        Some(code),
+        "exit status {}; stderr:\n{}",
+        done.status,
+        done.stderr
+    );
+}
+
+/// A Command step that ends its branch.
+fn leaf_step(name: &str, schema: Value) -> Value {
+    json!({
+        "name": name,
+        "value_schema": schema,
+        "action": {"kind": "Command", "script": "cat >/dev/null; echo '[]'"},
+        "next": []
+    })
+}
+
+/// Logs what the agent was handed, then answers `[]`.
+const LOG_AND_ANSWER_EMPTY: &str = r#"cat >/dev/null
+echo "$DROVER_AGENT_NAME $DROVER_TASK_ID $DROVER_ATTEMPT" >> "$AGENT_LOG"
+echo '[]'"#;
+
+/// A root Command step printing `count` tasks of `target` ({"i": 0..count}).
+fn fan_out_step(count: usize, target: &str) -> Value {
+    let script = format!(
+        r#"cat >/dev/null; i=0; sep=''; printf '['
+while [ "$i" -lt {count} ]; do printf '%s{{"kind":"{target}","value":{{"i":%d}}}}' "$sep" "$i"; sep=','; i=$((i + 1)); done
+echo ']'"#
+    );
+    json!({
+        "name": "Fan",
+        "action": {"kind": "Command", "script": script},
+        "next": [target]
+    })
+}
+
+fn pool_step(name: &str, next: &[&str], options: Value) -> Value {
+    json!({
+        "name": name,
+        "action": {"kind": "Pool", "instructions": format!("Do the {name} task.")},
+        "next": next,
+        "options": options
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+
+/// §4: several agents wait at once and tasks go to waiting agents; every task is answered
+/// exactly once.
+#[test]
+fn many_agents_share_a_fan_out_and_each_task_is_answered_once() {
+    const TASKS: usize = 500;
+    const AGENTS: usize = 16;
+    let env = Env::new();
+    let _daemon = env.start_daemon();
+    let names: Vec<String> = (0..AGENTS).map(|i| format!("agent{i:02}")).collect();
+    let mut agents: Vec<Proc> = names
+        .iter()
+        .map(|name| env.agent(name, LOG_AND_ANSWER_EMPTY))
+        .collect();
+    env.wait_idle(&names);
+
+    let config = env.write_config(&json!({
+        "entrypoint": "Fan",
+        "steps": [
+            fan_out_step(TASKS, "Work"),
+            {
+                "name": "Work",
+                "value_schema": {"type": "object", "required": ["i"]},
+                "action": {"kind": "Pool", "instructions": "Answer []."},
+                "next": []
+            }
+        ]
+    }));
+    let started = Instant::now();
+    let done = Done::of(env.spawn_run(&config, &[]), LONG_DEADLINE);
+    assert_exit(&done, 0);
+    eprintln!(
+        "{TASKS} pool tasks over {AGENTS} agents in {:?}",
+        started.elapsed()
+    );
+
+    let state = env.run_state();
+    assert_eq!(state.run.status, RunStatus::Completed);
+    assert_eq!(state.tasks.len(), TASKS + 1);
+    assert_eq!(state.run.tasks_completed, (TASKS + 1) as u64);
+    assert_eq!(state.run.tasks_failed, 0);
+    assert!(
+        state
+            .tasks
+            .iter()
+            .all(|(_, t)| t.phase == Phase::Completed && t.attempt == 1),
+        "every task completed at its first attempt"
+    );
+    let work: BTreeSet<String> = state
+        .of_step("Work")
+        .iter()
+        .map(|(id, _)| Ulid(*id).to_string())
+        .collect();
+    assert_eq!(work.len(), TASKS);
+
+    let log = log_lines(&env.agent_log());
+    assert_eq!(log.len(), TASKS, "one agent run per task");
+    let handed: BTreeSet<String> = log.iter().map(|(_, task, _)| task.clone()).collect();
+    assert_eq!(handed.len(), TASKS, "no task was handed out twice");
+    assert_eq!(handed, work, "the agents got exactly the run's Work tasks");
+    assert!(log.iter().all(|(_, _, attempt)| attempt == "1"));
+    let mut per_agent: BTreeMap<&str, usize> = BTreeMap::new();
+    for (agent, _, _) in &log {
+        *per_agent.entry(agent.as_str()).or_default() += 1;
+    }
+    eprintln!("tasks per agent: {per_agent:?}");
+    assert!(
+        per_agent.len() > 1,
+        "more than one agent did work: {per_agent:?}"
+    );
+    for agent in &mut agents {
+        agent.assert_alive();
+    }
+}
+
+/// §4: a response file is read only once it is complete (written and closed). The answer is
+/// written in two chunks with a pause between them while the file stays open; read early, the
+/// first chunk (`[`) would not be JSON and the task (no retries) would fail.
+#[test]
+fn a_response_file_is_read_only_once_complete() {
+    let env = Env::new();
+    let _daemon = env.start_daemon();
+    let config = env.write_config(&json!({
+        "entrypoint": "Work",
+        "steps": [pool_step("Work", &[], json!({"max_retries": 0}))]
+    }));
+    let mut run = env.spawn_run(&config, &[]);
+    let (task_id, attempt, response_file) = env.get_task("chunky");
+    assert_eq!(attempt, 1);
+
+    let mut file = File::create(&response_file).expect("response file created");
+    file.write_all(b"[").expect("first chunk");
+    file.sync_all().expect("first chunk on disk");
+    // The pause between the chunks, with the file open and holding `[`.
+    std::thread::sleep(Duration::from_secs(1));
+    run.assert_alive();
+    let state = env.run_state();
+    let (id, task) = state.only("Work");
+    assert_eq!(Ulid(id).to_string(), task_id);
+    assert_eq!(
+        (task.phase, task.attempt),
+        (Phase::Action, 1),
+        "the task still waits for its answer while the file is open: {task:?}"
+    );
+    file.write_all(b"]").expect("second chunk");
+    drop(file);
+
+    let done = Done::of(run, DEADLINE);
+    assert_exit(&done, 0);
+    let state = env.run_state();
+    let (id, task) = state.only("Work");
+    assert_eq!((task.phase, task.attempt), (Phase::Completed, 1));
+    assert!(state.errors(id).is_empty(), "{:?}", state.transitions(id));
+    assert!(
+        state.transitions(id).iter().all(|t| t.attempt == 1),
+        "no second attempt: {:?}",
+        state.transitions(id)
+    );
+    let result: Value = serde_json::from_str(task.result.as_deref().expect("a result"))
+        .expect("the result is JSON");
+    assert_eq!(result["kind"], "Success");
+    assert_eq!(result["output"], json!([]));
+}
+
+/// Three Pool tasks whose agent answers badly on attempt 1: not JSON, a kind not in `next`,
+/// and a value failing the target step's schema. Attempt 2 (if any) gets a valid answer.
+fn invalid_answers_workflow(env: &Env, options: Value) -> String {
+    env.write_config(&json!({
+        "steps": [
+            pool_step("Work", &["Leaf"], options),
+            leaf_step("Leaf", json!({
+                "type": "object",
+                "required": ["n"],
+                "properties": {"n": {"type": "integer"}}
+            })),
+            leaf_step("Other", json!({}))
+        ]
+    }))
+}
+
+const INVALID_ANSWERS: &str = r#"input=$(cat)
+echo "$DROVER_AGENT_NAME $DROVER_TASK_ID $DROVER_ATTEMPT" >> "$AGENT_LOG"
+if [ "$DROVER_ATTEMPT" -ge 2 ]; then echo '[{"kind":"Leaf","value":{"n":1}}]'; exit 0; fi
+case "$input" in
+  *'"case":"garbage"'*) echo 'this is not JSON';;
+  *'"case":"kind"'*) echo '[{"kind":"Other","value":{}}]';;
+  *'"case":"schema"'*) echo '[{"kind":"Leaf","value":{"n":"one"}}]';;
+  *) echo "unexpected task: $input" >&2; echo '[]';;
+esac"#;
+
+const INVALID_CASES: &str = r#"[
+    {"kind": "Work", "value": {"case": "garbage"}},
+    {"kind": "Work", "value": {"case": "kind"}},
+    {"kind": "Work", "value": {"case": "schema"}}
+]"#;
+
+/// The reason each case's first answer must be rejected with.
+fn expected_reasons(case: &str) -> &'static [&'static str] {
+    match case {
+        "garbage" => &["not JSON"],
+        "kind" => &["task [0]", "may not emit `Other`"],
+        "schema" => &["task [0]", "value for `Leaf`"],
+        other => panic!("unknown case {other}"),
+    }
+}
+
+fn case_of(task: &TaskV1) -> String {
+    let value: Value = serde_json::from_str(&task.value).expect("a JSON value");
+    value["case"].as_str().expect("a case").to_string()
+}
+
+/// §3/§4: an answer that is not JSON, names a kind not in `next`, or whose value fails the
+/// target schema is an `Error` for the task, retried while `max_retries` allows.
+#[test]
+fn invalid_answers_are_errors_and_are_retried() {
+    let env = Env::new();
+    let _daemon = env.start_daemon();
+    let _agent = env.agent("fixer", INVALID_ANSWERS);
+    let config = invalid_answers_workflow(&env, json!({"max_retries": 1}));
+    let done = Done::of(
+        env.spawn_run(&config, &["--initial-state", INVALID_CASES]),
+        DEADLINE,
+    );
+    assert_exit(&done, 0);
+
+    let state = env.run_state();
+    assert_eq!(state.run.status, RunStatus::Completed);
+    let work = state.of_step("Work");
+    assert_eq!(work.len(), 3);
+    for (id, task) in &work {
+        let case = case_of(task);
+        assert_eq!(
+            (task.phase, task.attempt),
+            (Phase::Completed, 2),
+            "{case}: completed by its second attempt: {:?}",
+            state.transitions(*id)
+        );
+        let errors = state.errors(*id);
+        assert_eq!(errors.len(), 1, "{case}: one error: {errors:?}");
+        let error = errors[0];
+        assert_eq!(
+            first_action_end(&state, *id),
+            error,
+            "{case}: the first attempt's action ended in the error"
+        );
+        assert_eq!(error.to, Stage::Phase(Phase::Queued), "{case}: retried");
+        for reason in expected_reasons(&case) {
+            assert_has(&error.detail, reason);
+        }
+        assert_has(&error.detail, "retry as attempt 2");
+        let result: Value =
+            serde_json::from_str(task.result.as_deref().expect("a result")).expect("JSON");
+        assert_eq!(result["kind"], "Success", "{case}");
+        assert_eq!(
+            result["output"],
+            json!([{"kind": "Leaf", "value": {"n": 1}}])
+        );
+    }
+    // Only the valid answers were applied: one Leaf per Work task, no Other.
+    let leaves = state.of_step("Leaf");
+    assert_eq!(leaves.len(), 3);
+    for (_, leaf) in &leaves {
+        assert_eq!(leaf.value, r#"{"n":1}"#);
+        assert!(work.iter().any(|(id, _)| leaf.parent == Some(*id)));
+    }
+    assert!(state.of_step("Other").is_empty());
+    let log = log_lines(&env.agent_log());
+    assert_eq!(log.len(), 6, "two attempts per task: {log:?}");
+}
+
+/// §2/§3: with `retry_on_invalid_response: false` an invalid answer fails the task at once,
+/// retries left or not.
+#[test]
+fn invalid_answers_fail_at_once_without_retry_on_invalid_response() {
+    let env = Env::new();
+    let _daemon = env.start_daemon();
+    let _agent = env.agent("fixer", INVALID_ANSWERS);
+    let config = invalid_answers_workflow(
+        &env,
+        json!({"max_retries": 1, "retry_on_invalid_response": false}),
+    );
+    let done = Done::of(
+        env.spawn_run(&config, &["--initial-state", INVALID_CASES]),
+        DEADLINE,
+    );
+    assert_exit(&done, 1);
+
+    let state = env.run_state();
+    assert_eq!(state.run.status, RunStatus::Failed);
+    assert_eq!(state.run.tasks_failed, 3);
+    for (id, task) in state.of_step("Work") {
+        let case = case_of(task);
+        assert_eq!((task.phase, task.attempt), (Phase::Failed, 1), "{case}");
+        let error = task.error.as_deref().expect("the failure's reason");
+        for reason in expected_reasons(&case) {
+            assert_has(error, reason);
+        }
+        let last = state.transitions(id).last().expect("transitions");
+        assert_eq!(last.to, Stage::Phase(Phase::Failed), "{case}");
+        assert!(state.transitions(id).iter().all(|t| t.attempt == 1));
+    }
+    assert!(state.of_step("Leaf").is_empty());
+    assert!(state.of_step("Other").is_empty());
+    let log = log_lines(&env.agent_log());
+    assert_eq!(log.len(), 3, "one attempt per task: {log:?}");
+    assert!(log.iter().all(|(_, _, attempt)| attempt == "1"));
+}
+
+/// §4: killed and restarted mid-run, the pool keeps its queue and the assignments of agents
+/// still working, picks up answers written while it was down, and the runner and `agent`
+/// processes reconnect; nothing is lost and no task is handed out twice.
+///
+/// The kill lands mid-run by construction: the agents answer the tasks {"i": 0..GATE} at once
+/// and block on the others (logging them to a second file) until the test creates the release
+/// file, which it does only once the daemon is dead, so those answers are written while no
+/// daemon runs. At the kill, GATE tasks are answered, each agent holds one, the rest are
+/// queued. The kill waits until the runner has acknowledged every answer: a kill while an
+/// answer is unacknowledged is the next test (it hits a bug).
+#[test]
+fn a_daemon_killed_mid_run_and_restarted_loses_nothing_and_repeats_nothing() {
+    daemon_restart_scenario(false);
+}
+
+/// As above, plus a first kill while answers flow (once `FIRST_KILL_AFTER` tasks were handed
+/// out), restarted at once: the store then holds answers the runner has not acknowledged yet.
+#[test]
+fn a_daemon_killed_while_answers_flow_and_restarted_loses_nothing_and_repeats_nothing() {
+    daemon_restart_scenario(true);
+}
+
+fn daemon_restart_scenario(kill_while_answers_flow: bool) {
+    const TASKS: usize = 300;
+    const AGENTS: usize = 4;
+    const GATE: usize = 200;
+    const FIRST_KILL_AFTER: usize = 100;
+    let env = Env::new();
+    let mut daemon = env.start_daemon();
+    let blocked_log = env.path("blocked.log");
+    let script = format!(
+        r#"i=$(sed -n 's/.*"value":{{"i":\([0-9]*\)}}.*/\1/p')
+echo "$DROVER_AGENT_NAME $DROVER_TASK_ID $DROVER_ATTEMPT" >> "$AGENT_LOG"
+if [ "$i" -ge {GATE} ]; then
+  echo "$DROVER_AGENT_NAME $DROVER_TASK_ID $DROVER_ATTEMPT" >> '{blocked}'
+  {RELEASE_WAIT}
+fi
+echo '[]'"#,
+        blocked = blocked_log.display()
+    );
+    let names: Vec<String> = (0..AGENTS).map(|i| format!("agent{i}")).collect();
+    let mut agents: Vec<Proc> = names.iter().map(|name| env.agent(name, &script)).collect();
+    env.wait_idle(&names);
+    let config = env.write_config(&json!({
+        "entrypoint": "Fan",
+        "steps": [fan_out_step(TASKS, "Work"), pool_step("Work", &[], json!({}))]
+    }));
+    let mut run = env.spawn_run(&config, &[]);
+
+    if kill_while_answers_flow {
+        wait_until("tasks are being answered", DEADLINE, || {
+            log_lines(&env.agent_log()).len() >= FIRST_KILL_AFTER
+        });
+        daemon.kill();
+        let handed = log_lines(&env.agent_log()).len();
+        eprintln!("first kill: {handed} of {TASKS} tasks handed out");
+        assert!(handed < TASKS, "the gate keeps the run going");
+        run.assert_alive();
+        daemon = env.start_daemon();
+    }
+
+    wait_until("every agent holds a blocked task", DEADLINE, || {
+        log_lines(&blocked_log).len() >= AGENTS
+    });
+    if !kill_while_answers_flow {
+        wait_until("the runner acknowledged every answer", DEADLINE, || {
+            env.status_json().is_some_and(|s| s["undelivered"] == 0)
+        });
+    }
+    let handed = log_lines(&env.agent_log()).len();
+    assert!(
+        handed <= GATE + AGENTS,
+        "blocked agents take no more tasks: {handed} handed out"
+    );
+    daemon.kill();
+    eprintln!("kill: {handed} of {TASKS} tasks handed out, {AGENTS} held");
+    run.assert_alive();
+
+    // The blocked agents answer while no daemon is running.
+    std::fs::write(env.release(), "").expect("release file");
+    let run_id = Ulid(env.run_state().id).to_string();
+    let held: Vec<PathBuf> = log_lines(&blocked_log)
+        .iter()
+        .map(|(_, task, attempt)| {
+            env.responses()
+                .join(format!("{run_id}-{task}-{attempt}.json"))
+        })
+        .collect();
+    assert_eq!(held.len(), AGENTS, "one blocked task per agent");
+    wait_until("the held tasks' answers are written", DEADLINE, || {
+        held.iter().all(|path| path.exists())
+    });
+
+    let _daemon = env.start_daemon();
+    let done = Done::of(run, DEADLINE);
+    assert_exit(&done, 0);
+    assert_has(&done.stderr, "reconnecting");
+
+    let state = env.run_state();
+    assert_eq!(state.run.status, RunStatus::Completed);
+    assert_eq!(state.tasks.len(), TASKS + 1);
+    assert!(
+        state
+            .tasks
+            .iter()
+            .all(|(_, t)| t.phase == Phase::Completed && t.attempt == 1),
+        "every task completed at its first attempt"
+    );
+    let work: BTreeSet<String> = state
+        .of_step("Work")
+        .iter()
+        .map(|(id, _)| Ulid(*id).to_string())
+        .collect();
+    let log = log_lines(&env.agent_log());
+    let mut times: BTreeMap<&str, usize> = BTreeMap::new();
+    for (_, task, _) in &log {
+        *times.entry(task.as_str()).or_default() += 1;
+    }
+    times.retain(|_, n| *n > 1);
+    assert!(
+        times.is_empty(),
+        "tasks handed out more than once: {times:?}"
+    );
+    assert_eq!(log.len(), TASKS, "one agent run per task");
+    let handed: BTreeSet<String> = log.into_iter().map(|(_, task, _)| task).collect();
+    assert_eq!(handed, work, "each Work task handed out exactly once");
+    for agent in &mut agents {
+        agent.assert_alive();
+    }
+}
+
+/// §4/§5: with no daemon, `drover run` gives up after `--pool-wait` with exit 3 and a clear
+/// message, and records no run.
+#[test]
+fn run_without_a_pool_exits_3_and_records_nothing() {
+    let env = Env::new();
+    let config = env.write_config(&json!({
+        "entrypoint": "Work",
+        "steps": [pool_step("Work", &[], json!({}))]
+    }));
+    let started = Instant::now();
+    let done = Done::of(env.spawn_run(&config, &["--pool-wait", "1"]), DEADLINE);
+    assert_exit(&done, 3);
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "gave up after about --pool-wait, not much later: {:?}",
+        started.elapsed()
+    );
+    assert_has(&done.stderr, "no pool daemon answered");
+    assert_has(&done.stderr, "within 1s");
+    assert_has(&done.stderr, "drover-pool start");
+    assert!(
+        !done.stderr.contains("started"),
+        "no run started: {}",
+        done.stderr
+    );
+    assert!(env.read_run().is_none(), "no run recorded");
+}
+
+/// §3/§4: an action timeout recalls the pool task; the agent's late answer is recorded for
+/// inspection (a `late-answer` log entry) and never applied (it spawns nothing).
+///
+/// A second root task (a Command that waits for the release file) keeps the run going until
+/// the late answer has been recorded, so the test does not depend on when it arrives.
+#[test]
+fn a_timed_out_pool_task_fails_and_its_late_answer_is_recorded_not_applied() {
+    let env = Env::new();
+    let _daemon = env.start_daemon();
+    let _agent = env.agent(
+        "slowpoke",
+        r#"cat >/dev/null
+echo "$DROVER_AGENT_NAME $DROVER_TASK_ID $DROVER_ATTEMPT" >> "$AGENT_LOG"
+sleep 3
+echo '[{"kind":"Leaf","value":{"late":true}}]'"#,
+    );
+    let config = env.write_config(&json!({
+        "steps": [
+            pool_step("Slow", &["Leaf"], json!({"timeout": 1, "max_retries": 0})),
+            {
+                "name": "Hold",
+                "action": {"kind": "Command", "script": format!("cat >/dev/null; {RELEASE_WAIT}; echo '[]'")},
+                "next": []
+            },
+            leaf_step("Leaf", json!({}))
+        ]
+    }));
+    let mut run = env.spawn_run(
+        &config,
+        &[
+            "--initial-state",
+            r#"[{"kind": "Slow", "value": {}}, {"kind": "Hold", "value": {}}]"#,
+        ],
+    );
+
+    let late_recorded = |state: &RunState| {
+        let (id, _) = state.only("Slow");
+        let store = Store::open(&env.state()).expect("store");
+        let reader = store.read().expect("snapshot");
+        reader
+            .hook_logs(state.id, id)
+            .expect("hook logs")
+            .iter()
+            .any(|(_, log)| log.phase == "late-answer")
+    };
+    wait_until("the late answer is recorded", DEADLINE, || {
+        run.assert_alive();
+        env.read_run()
+            .is_some_and(|state| !state.of_step("Slow").is_empty() && late_recorded(&state))
+    });
+    std::fs::write(env.release(), "").expect("release file");
+    let done = Done::of(run, DEADLINE);
+    assert_exit(&done, 1);
+
+    let state = env.run_state();
+    assert_eq!(state.run.status, RunStatus::Failed);
+    let (id, task) = state.only("Slow");
+    assert_eq!((task.phase, task.attempt), (Phase::Failed, 1));
+    assert_eq!(task.error.as_deref(), Some("Timeout"));
+    let result: Value =
+        serde_json::from_str(task.result.as_deref().expect("a result")).expect("JSON");
+    assert_eq!(result["kind"], "Timeout");
+    assert!(
+        state.of_step("Leaf").is_empty(),
+        "the late answer spawned nothing"
+    );
+    assert_eq!(
+        log_lines(&env.agent_log()).len(),
+        1,
+        "no retry was dispatched"
+    );
+
+    let report = env.inspect_task(state.id, id);
+    assert_eq!(report["state"], "failed");
+    let late: Vec<&Value> = report["hook_logs"]
+        .as_array()
+        .expect("hook_logs")
+        .iter()
+        .filter(|log| log["phase"] == "late-answer")
+        .collect();
+    assert_eq!(late.len(), 1, "{report:#}");
+    assert_eq!(late[0]["attempt"], 1);
+    assert_has(
+        late[0]["stderr"].as_str().expect("the answer text"),
+        r#""late":true"#,
+    );
+}
+
+/// §4: an agent that calls get-task again while holding an unanswered task abandons it; the
+/// task gets `Error{"agent requested a new task without answering"}` (and, retries allowing,
+/// its next attempt goes to the next waiting agent — here that same get-task).
+#[test]
+fn get_task_again_without_answering_abandons_the_task() {
+    let env = Env::new();
+    let _daemon = env.start_daemon();
+    let config = env.write_config(&json!({
+        "entrypoint": "Work",
+        "steps": [pool_step("Work", &[], json!({"max_retries": 1}))]
+    }));
+    let run = env.spawn_run(&config, &[]);
+    let (first_id, first_attempt, _) = env.get_task("x");
+    assert_eq!(first_attempt, 1);
+
+    // The same agent asks again without writing the response file.
+    let (second_id, second_attempt, response_file) = env.get_task("x");
+    assert_eq!(second_id, first_id, "the abandoned task is retried");
+    assert_eq!(second_attempt, 2);
+    std::fs::write(&response_file, "[]").expect("answer written");
+    let done = Done::of(run, DEADLINE);
+    assert_exit(&done, 0);
+
+    let state = env.run_state();
+    let (id, task) = state.only("Work");
+    assert_eq!(Ulid(id).to_string(), first_id);
+    assert_eq!((task.phase, task.attempt), (Phase::Completed, 2));
+    let errors = state.errors(id);
+    assert_eq!(errors.len(), 1, "{:?}", state.transitions(id));
+    assert_eq!(first_action_end(&state, id), errors[0]);
+    assert_has(&errors[0].detail, "retry as attempt 2");
+    assert_has(
+        &errors[0].detail,
+        "Error: agent requested a new task without answering",
+    );
+}
+
+/// §5: `resume` re-attaches a pool task the pool still holds instead of dispatching it again,
+/// and an answer written while no runner was running is used.
+#[test]
+fn resume_reattaches_pool_work_and_uses_an_answer_written_while_the_runner_was_dead() {
+    let env = Env::new();
+    let _daemon = env.start_daemon();
+    let config = env.write_config(&json!({
+        "entrypoint": "Work",
+        "steps": [
+            pool_step("Work", &["Leaf"], json!({"max_retries": 0})),
+            leaf_step("Leaf", json!({}))
+        ]
+    }));
+    let mut run = env.spawn_run(&config, &[]);
+    let (task_id, attempt, response_file) = env.get_task("x");
+    assert_eq!(attempt, 1);
+    let state = env.run_state();
+    let (id, task) = state.only("Work");
+    assert_eq!(Ulid(id).to_string(), task_id);
+    assert_eq!(task.phase, Phase::Action);
+
+    run.kill();
+    let answer = json!([{"kind": "Leaf", "value": {"written": "while the runner was dead"}}]);
+    std::fs::write(&response_file, answer.to_string()).expect("answer written");
+    wait_until("the pool holds the undelivered answer", DEADLINE, || {
+        env.status_json()
+            .is_some_and(|s| s["undelivered"] == 1 && s["assigned"] == 0)
+    });
+    // Another agent waits, and would get the task if it were dispatched again.
+    let mut other = env.spawn_pool("get-task", &["--name", "y"]);
+    env.wait_idle(&["y".to_string()]);
+
+    let state_dir = env.state_arg();
+    let mut resume = env.spawn_drover(&["resume", "--state-dir", &state_dir, "--root", env.root()]);
+    wait_until(
+        "resume ends (or the task is handed out again)",
+        DEADLINE,
+        || resume.exited().is_some() || other.exited().is_some(),
+    );
+    assert!(
+        other.exited().is_none(),
+        "resume dispatched the task again: agent `y` got {}",
+        other.stdout()
+    );
+    let done = Done::of(resume, DEADLINE);
+    assert_exit(&done, 0);
+
+    let state = env.run_state();
+    assert_eq!(state.run.status, RunStatus::Completed);
+    let (id, task) = state.only("Work");
+    assert_eq!((task.phase, task.attempt), (Phase::Completed, 1));
+    assert!(state.transitions(id).iter().all(|t| t.attempt == 1));
+    let result: Value =
+        serde_json::from_str(task.result.as_deref().expect("a result")).expect("JSON");
+    assert_eq!(
+        result["output"], answer,
+        "the answer written while dead was used"
+    );
+    let (_, leaf) = state.only("Leaf");
+    assert_eq!(leaf.parent, Some(id));
+    assert_eq!(leaf.value, r#"{"written":"while the runner was dead"}"#);
+
+    other.assert_alive();
+    assert_eq!(other.stdout(), "", "the task was not handed out again");
+    let status = env.status_json().expect("status");
+    assert_eq!(status["queued"], 0, "{status}");
+    assert_eq!(status["assigned"], 0, "{status}");
+}
+
+/// §4: "Killed and restarted, [the pool] … delivers answers that arrived while the runner was
+/// away once the runner reconnects." The runner and then the daemon are SIGKILLed while the
+/// pool holds an answer the runner never received; the daemon is restarted and the run
+/// resumed.
+#[test]
+fn a_restarted_daemon_still_delivers_an_answer_its_runner_never_received() {
+    let env = Env::new();
+    let mut daemon = env.start_daemon();
+    let config = env.write_config(&json!({
+        "entrypoint": "Work",
+        "steps": [
+            pool_step("Work", &["Leaf"], json!({"max_retries": 0})),
+            leaf_step("Leaf", json!({}))
+        ]
+    }));
+    let mut run = env.spawn_run(&config, &[]);
+    let (_, _, response_file) = env.get_task("x");
+    run.kill();
+    let answer = json!([{"kind": "Leaf", "value": {"kept": "across a daemon restart"}}]);
+    std::fs::write(&response_file, answer.to_string()).expect("answer written");
+    wait_until("the pool holds the undelivered answer", DEADLINE, || {
+        env.status_json().is_some_and(|s| s["undelivered"] == 1)
+    });
+    daemon.kill();
+
+    // Fails here with the bug: the daemon exits 1 at start.
+    let _daemon = env.start_daemon();
+    let state_dir = env.state_arg();
+    let done = Done::of(
+        env.spawn_drover(&["resume", "--state-dir", &state_dir, "--root", env.root()]),
+        DEADLINE,
+    );
+    assert_exit(&done, 0);
+    let state = env.run_state();
+    let (id, task) = state.only("Work");
+    assert_eq!((task.phase, task.attempt), (Phase::Completed, 1));
+    let (_, leaf) = state.only("Leaf");
+    assert_eq!(leaf.parent, Some(id));
+    assert_eq!(leaf.value, r#"{"kept":"across a daemon restart"}"#);
+}

@@ -12,7 +12,16 @@ pub struct StateDirArg {
 }
 
 impl StateDirArg {
+    /// Always absolute: hooks get it as `DROVER_STATE_DIR` and run in the config's directory.
     pub fn resolve(&self) -> PathBuf {
+        let dir = self.resolve_as_given();
+        if dir.is_absolute() {
+            return dir;
+        }
+        std::env::current_dir().map_or(dir.clone(), |cwd| cwd.join(&dir))
+    }
+
+    fn resolve_as_given(&self) -> PathBuf {
         if let Some(dir) = &self.state_dir {
             return dir.clone();
         }

@@ -391,6 +391,12 @@ impl Driver {
 
     /// Re-issues the effects of everything the in-flight index lists (nothing, for a new run).
     fn reattach(&mut self, w: &mut Writer<'_>) -> Result<Vec<Job>, StoreError> {
+        // An interrupted run is running again from here on.
+        let mut run = self.load_run(w)?;
+        if run.status == RunStatus::Interrupted {
+            run.status = RunStatus::Running;
+            w.put_run(self.run_id, &run)?;
+        }
         let mut jobs = Vec::new();
         for (code, task_id) in w.in_flight(self.run_id)? {
             let Some(task) = w.task(self.run_id, task_id)? else {

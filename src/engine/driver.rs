@@ -344,6 +344,9 @@ impl Driver {
                     self.tracker.kill_all();
                 }
                 if let Some(pool) = &self.pool {
+                    if matches!(run.status, RunStatus::Completed | RunStatus::Failed) {
+                        pool.ack_unclaimed();
+                    }
                     self.runtime.block_on(pool.flush(Duration::from_secs(2)));
                 }
                 return Ok(RunSummary {

@@ -31,6 +31,8 @@ enum Command {
     Ack(Vec<TaskKey>),
     /// Answered once everything sent before it has been written to the socket.
     Flush(oneshot::Sender<()>),
+    /// The run is over: every parked answer is stale.
+    AckParked,
 }
 
 #[derive(Clone)]
@@ -80,6 +82,12 @@ impl PoolClient {
         if self.commands.send(Command::Flush(done)).is_ok() {
             let _ = tokio::time::timeout(limit, wait).await;
         }
+    }
+
+    /// The run has ended: answers nobody claimed belong to tasks that moved on long ago, so the
+    /// pool may forget them (followed by `flush` to make sure this is sent).
+    pub fn ack_unclaimed(&self) {
+        let _ = self.commands.send(Command::AckParked);
     }
 
     /// The runner has durably recorded these answers.
@@ -177,6 +185,12 @@ async fn connection_loop(
                                 requests.push(Request::Ack { keys });
                             }
                             Command::Flush(done) => flushed.push(done),
+                            Command::AckParked => {
+                                let keys: Vec<TaskKey> = parked.drain().map(|(key, _)| key).collect();
+                                if !keys.is_empty() {
+                                    requests.push(Request::Ack { keys });
+                                }
+                            }
                         }
                     }
                     let mut broken = false;

@@ -15,22 +15,20 @@
 //! poll with a deadline; nothing sleeps as an assertion.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File};
+use std::fs::{self};
 use std::os::unix::fs::PermissionsExt as _;
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use drover::store::{FinallyState, Phase, RunStatus, RunV1, Store, TaskV1};
-use nix::sys::signal::{Signal, killpg};
-use nix::unistd::Pid;
 use serde_json::{Value, json};
+
+mod common;
+use common::{POLL, Proc};
 
 /// Generous bound for a whole example run (the retries example takes about 3 s).
 const DEADLINE: Duration = Duration::from_secs(120);
-const POLL: Duration = Duration::from_millis(20);
 
 /// Every example, with an entrypoint value its schema accepts.
 const EXAMPLES: [(&str, &str); 5] = [
@@ -54,86 +52,6 @@ fn drover_bin() -> PathBuf {
 
 fn pool_bin() -> PathBuf {
     assert_cmd::cargo::cargo_bin("drover-pool")
-}
-
-static NEXT_LOG: AtomicUsize = AtomicUsize::new(0);
-
-/// A process in its own process group, stdout and stderr going to files (no pipe to fill
-/// up). Dropping it SIGKILLs the whole group, so whatever it started in the background goes
-/// too.
-struct Proc {
-    child: Child,
-    label: String,
-    out: PathBuf,
-    err: PathBuf,
-    status: Option<ExitStatus>,
-}
-
-impl Proc {
-    fn spawn(logs: &Path, mut command: Command, label: &str) -> Proc {
-        let n = NEXT_LOG.fetch_add(1, Ordering::SeqCst);
-        let out = logs.join(format!("{n}-{label}.out"));
-        let err = logs.join(format!("{n}-{label}.err"));
-        let child = command
-            .stdin(Stdio::null())
-            .stdout(File::create(&out).expect("stdout file"))
-            .stderr(File::create(&err).expect("stderr file"))
-            .process_group(0)
-            .spawn()
-            .unwrap_or_else(|e| panic!("`{label}` starts: {e}"));
-        Proc {
-            child,
-            label: label.to_string(),
-            out,
-            err,
-            status: None,
-        }
-    }
-
-    fn exited(&mut self) -> Option<ExitStatus> {
-        if self.status.is_none() {
-            self.status = self.child.try_wait().expect("try_wait");
-        }
-        self.status
-    }
-
-    /// Waits for the exit; fails the test after `deadline`.
-    #[track_caller]
-    fn wait_within(&mut self, deadline: Duration) -> ExitStatus {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.exited() {
-                return status;
-            }
-            assert!(
-                started.elapsed() < deadline,
-                "`{}` did not exit within {deadline:?}; stderr:\n{}",
-                self.label,
-                self.stderr()
-            );
-            std::thread::sleep(POLL);
-        }
-    }
-
-    fn stdout(&self) -> String {
-        fs::read_to_string(&self.out).unwrap_or_default()
-    }
-
-    fn stderr(&self) -> String {
-        fs::read_to_string(&self.err).unwrap_or_default()
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if let Ok(pid) = i32::try_from(self.child.id()) {
-            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
-        }
-        if self.status.is_none() {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
-        }
-    }
 }
 
 /// A finished command.

@@ -2,16 +2,17 @@
 //! root. Every spawned process is owned by a guard that kills it on drop; waits poll for a
 //! condition with a generous deadline instead of sleeping.
 
-use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use drover::pool::protocol::{AgentMessage, AnswerOutcome, PoolTask, Reply, Request, TaskRef};
 use serde_json::{Value, json};
+
+mod common;
+use common::Proc;
 
 const DEADLINE: Duration = Duration::from_secs(60);
 
@@ -31,83 +32,6 @@ fn command(args: &[&str]) -> Command {
     command
 }
 
-static NEXT_LOG: AtomicUsize = AtomicUsize::new(0);
-
-/// A running `drover-pool` process whose stdout and stderr go to files (no pipe to fill up).
-/// Killed when dropped.
-struct Proc {
-    child: Child,
-    label: String,
-    out: PathBuf,
-    err: PathBuf,
-    status: Option<ExitStatus>,
-}
-
-impl Proc {
-    fn spawn(logs: &Path, mut command: Command, label: &str) -> Proc {
-        let n = NEXT_LOG.fetch_add(1, Ordering::SeqCst);
-        let out = logs.join(format!("{n}-{label}.out"));
-        let err = logs.join(format!("{n}-{label}.err"));
-        let child = command
-            .stdout(File::create(&out).expect("stdout file"))
-            .stderr(File::create(&err).expect("stderr file"))
-            .spawn()
-            .expect("drover-pool starts");
-        Proc {
-            child,
-            label: label.to_string(),
-            out,
-            err,
-            status: None,
-        }
-    }
-
-    fn exited(&mut self) -> Option<ExitStatus> {
-        if self.status.is_none() {
-            self.status = self.child.try_wait().expect("try_wait");
-        }
-        self.status
-    }
-
-    #[track_caller]
-    fn wait(&mut self) -> ExitStatus {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.exited() {
-                return status;
-            }
-            assert!(
-                started.elapsed() < DEADLINE,
-                "`{}` did not exit within {DEADLINE:?}; stderr:\n{}",
-                self.label,
-                self.stderr()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    fn stdout(&self) -> String {
-        std::fs::read_to_string(&self.out).unwrap_or_default()
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.err).unwrap_or_default()
-    }
-
-    fn kill(&mut self) {
-        if self.exited().is_none() {
-            let _ = self.child.kill();
-            self.status = self.child.wait().ok();
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
 /// A finished command: exit status, stdout, stderr.
 struct Done {
     status: ExitStatus,
@@ -118,7 +42,7 @@ struct Done {
 #[track_caller]
 fn run(logs: &Path, args: &[&str]) -> Done {
     let mut proc = Proc::spawn(logs, command(args), args[0]);
-    let status = proc.wait();
+    let status = proc.wait_within(DEADLINE);
     Done {
         status,
         stdout: proc.stdout(),
@@ -349,7 +273,11 @@ fn kick_reaches_a_waiting_agent() {
     assert!(get_task.exited().is_none(), "get-task blocks while idle");
     let done = pool.run("kick", &["--name", "a"]);
     assert!(done.status.success(), "{}", done.stderr);
-    assert!(get_task.wait().success(), "{}", get_task.stderr());
+    assert!(
+        get_task.wait_within(DEADLINE).success(),
+        "{}",
+        get_task.stderr()
+    );
     assert!(matches!(
         one_message(&get_task.stdout()),
         AgentMessage::Kicked { .. }
@@ -359,7 +287,7 @@ fn kick_reaches_a_waiting_agent() {
     let mut agent = pool.spawn("agent", &["--name", "b", "--", "cat"]);
     pool.wait_idle("b");
     assert!(pool.run("kick", &["--name", "b"]).status.success());
-    assert!(agent.wait().success(), "{}", agent.stderr());
+    assert!(agent.wait_within(DEADLINE).success(), "{}", agent.stderr());
     assert_has(&agent.stderr(), "kicked");
 
     let done = pool.run("kick", &["--name", "nobody"]);
@@ -409,14 +337,18 @@ fn stop_kicks_waiting_agents_and_the_daemon_exits_0() {
 
     let done = pool.run("stop", &[]);
     assert!(done.status.success(), "{}", done.stderr);
-    assert!(get_task.wait().success(), "{}", get_task.stderr());
+    assert!(
+        get_task.wait_within(DEADLINE).success(),
+        "{}",
+        get_task.stderr()
+    );
     assert_eq!(
         one_message(&get_task.stdout()),
         AgentMessage::Kicked {
             reason: "the pool was stopped".into()
         }
     );
-    let status = daemon.wait();
+    let status = daemon.wait_within(DEADLINE);
     assert!(status.success(), "{status}: {}", daemon.stderr());
     // Agents that come later are told too, and status says the daemon is gone.
     let late = pool.run("get-task", &["--name", "b"]);
@@ -505,7 +437,11 @@ fn get_task_survives_a_daemon_restart_and_agent_answers_tasks() {
 
     let mut runner = TestRunner::connect(&pool);
     let first = runner.submit(json!({"n": 1}));
-    assert!(get_task.wait().success(), "{}", get_task.stderr());
+    assert!(
+        get_task.wait_within(DEADLINE).success(),
+        "{}",
+        get_task.stderr()
+    );
     let AgentMessage::Task {
         task_id,
         response_file,
@@ -548,7 +484,7 @@ fn get_task_survives_a_daemon_restart_and_agent_answers_tasks() {
             text: format!(r#"[{{"kind":"Next","value":"{second}"}}]"#)
         }
     );
-    assert!(agent.wait().success(), "{}", agent.stderr());
+    assert!(agent.wait_within(DEADLINE).success(), "{}", agent.stderr());
     assert_has(&agent.stderr(), "exit status: 3");
     let input: AgentMessage =
         serde_json::from_str(&std::fs::read_to_string(&seen).expect("input saved"))

@@ -17,8 +17,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use drover::pool::protocol::AgentMessage;
@@ -26,105 +25,17 @@ use drover::store::{Phase, RunStatus, RunV1, Stage, Store, TaskV1, TransitionV1}
 use serde_json::{Value, json};
 use ulid::Ulid;
 
+mod common;
+use common::{POLL, Proc};
+
 /// Generous bound for conditions that normally hold within a second or two.
 const DEADLINE: Duration = Duration::from_secs(120);
 /// Bound for a whole run of the 500-task fan-out (a debug build on a small machine).
 const LONG_DEADLINE: Duration = Duration::from_secs(600);
-const POLL: Duration = Duration::from_millis(20);
 
 /// The scripts' wait for the release file: bounded (60 s), and over once the test's
 /// directory is gone, so a shell loop orphaned by a failed test ends by itself.
 const RELEASE_WAIT: &str = r#"i=0; while [ ! -e "$RELEASE" ] && [ -d "${RELEASE%/*}" ] && [ "$i" -lt 1200 ]; do sleep 0.05; i=$((i + 1)); done"#;
-
-static NEXT_LOG: AtomicUsize = AtomicUsize::new(0);
-
-/// A running process whose stdout and stderr go to files (no pipe to fill up). SIGKILLed when
-/// dropped.
-struct Proc {
-    child: Child,
-    label: String,
-    out: PathBuf,
-    err: PathBuf,
-    status: Option<ExitStatus>,
-}
-
-impl Proc {
-    fn spawn(logs: &Path, mut command: Command, label: &str) -> Proc {
-        let n = NEXT_LOG.fetch_add(1, Ordering::SeqCst);
-        let out = logs.join(format!("{n}-{label}.out"));
-        let err = logs.join(format!("{n}-{label}.err"));
-        let child = command
-            .stdout(File::create(&out).expect("stdout file"))
-            .stderr(File::create(&err).expect("stderr file"))
-            .spawn()
-            .unwrap_or_else(|e| panic!("`{label}` starts: {e}"));
-        Proc {
-            child,
-            label: label.to_string(),
-            out,
-            err,
-            status: None,
-        }
-    }
-
-    fn exited(&mut self) -> Option<ExitStatus> {
-        if self.status.is_none() {
-            self.status = self.child.try_wait().expect("try_wait");
-        }
-        self.status
-    }
-
-    #[track_caller]
-    fn wait_within(&mut self, deadline: Duration) -> ExitStatus {
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.exited() {
-                return status;
-            }
-            assert!(
-                started.elapsed() < deadline,
-                "`{}` did not exit within {deadline:?}; stderr:\n{}",
-                self.label,
-                self.stderr()
-            );
-            std::thread::sleep(POLL);
-        }
-    }
-
-    /// Fails the test if the process has exited.
-    #[track_caller]
-    fn assert_alive(&mut self) {
-        if let Some(status) = self.exited() {
-            panic!(
-                "`{}` exited ({status}); stderr:\n{}",
-                self.label,
-                self.stderr()
-            );
-        }
-    }
-
-    fn stdout(&self) -> String {
-        std::fs::read_to_string(&self.out).unwrap_or_default()
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.err).unwrap_or_default()
-    }
-
-    /// SIGKILL, and reap.
-    fn kill(&mut self) {
-        if self.exited().is_none() {
-            let _ = self.child.kill();
-            self.status = self.child.wait().ok();
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
 
 /// A finished command.
 struct Done {

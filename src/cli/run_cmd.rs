@@ -13,7 +13,7 @@ use super::entry_value;
 use super::exit::{self, CliError, CliResult};
 use super::locations::StateDirArg;
 use super::progress::Progress;
-use crate::engine::answer::{Allowed, NewTask, validate_tasks};
+use crate::engine::answer::{Allowed, NewTask, validate_task_list};
 use crate::engine::config::{self, Action, Workflow};
 use crate::engine::driver::{self, Driver, RunSummary};
 use crate::engine::run_lock::RunLock;
@@ -141,7 +141,7 @@ fn first_tasks(workflow: &Workflow, args: &RunArgs) -> Result<(Value, Vec<NewTas
         let value = entry_value::parse(Some(state)).map_err(|e| {
             CliError::invalid(e.message.replace("--entrypoint-value", "--initial-state"))
         })?;
-        let tasks = validate_tasks(workflow, Allowed::AnyStep, &value)
+        let tasks = validate_task_list(workflow, Allowed::AnyStep, &value)
             .map_err(|reason| CliError::invalid(format!("--initial-state: {reason}")))?;
         if tasks.is_empty() {
             return Err(CliError::invalid(
@@ -158,10 +158,7 @@ fn first_tasks(workflow: &Workflow, args: &RunArgs) -> Result<(Value, Vec<NewTas
     };
     let value = entry_value::parse(args.entrypoint_value.as_deref())?;
     entry_value::check(workflow, &value)?;
-    let task = NewTask {
-        kind: entry.clone(),
-        value: value.clone(),
-    };
+    let task = NewTask::new(entry.clone(), &value);
     Ok((value, vec![task]))
 }
 

@@ -3,15 +3,66 @@
 //! the field, because an agent given the reason has to be able to fix its answer.
 
 use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::config::{Step, Workflow};
 
-/// A task to create: `kind` names its step.
+/// A JSON document kept as its text. Answers are stored and passed on, rarely looked into, and
+/// a fan-out answer of 100,000 tasks costs ~3 MB as text but ~30 MB per copy as a `Value`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct JsonText(Box<RawValue>);
+
+impl JsonText {
+    /// `text` after checking it is one JSON document.
+    pub fn parse(text: &str) -> Result<Self, serde_json::Error> {
+        serde_json::from_str(text.trim()).map(JsonText)
+    }
+
+    /// The compact text of `value`.
+    pub fn from_value(value: &Value) -> Self {
+        // Serialising a `Value` yields valid JSON; the fallback is unreachable in practice.
+        RawValue::from_string(value.to_string()).map_or_else(|_| JsonText::null(), JsonText)
+    }
+
+    pub fn null() -> Self {
+        JsonText(RawValue::NULL.to_owned())
+    }
+
+    pub fn as_str(&self) -> &str {
+        self.0.get()
+    }
+
+    pub fn into_string(self) -> String {
+        String::from(Box::<str>::from(self.0))
+    }
+
+    pub fn to_value(&self) -> Value {
+        serde_json::from_str(self.as_str()).unwrap_or(Value::Null)
+    }
+}
+
+impl PartialEq for JsonText {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+/// A task to create: `kind` names its step; `value` is compact JSON text.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NewTask {
     pub kind: String,
-    pub value: Value,
+    pub value: JsonText,
+}
+
+impl NewTask {
+    pub fn new(kind: impl Into<String>, value: &Value) -> Self {
+        NewTask {
+            kind: kind.into(),
+            value: JsonText::from_value(value),
+        }
+    }
 }
 
 /// Which steps a list of tasks may target.
@@ -23,23 +74,42 @@ pub enum Allowed<'a> {
     AnyStep,
 }
 
-/// Checks `answer` is an array of `{kind, value}` tasks aimed at allowed steps, each value
-/// satisfying its step's schema.
+/// Why a list of next tasks was refused.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AnswerError {
+    NotJson(String),
+    Invalid(String),
+}
+
+/// Checks the JSON text `answer` is an array of `{kind, value}` tasks aimed at allowed steps,
+/// each value satisfying its step's schema. Only one task at a time is parsed into a `Value`,
+/// so memory follows the answer's text, not its number of tasks.
 pub fn validate_tasks(
     workflow: &Workflow,
     allowed: Allowed<'_>,
-    answer: &Value,
-) -> Result<Vec<NewTask>, String> {
-    let Value::Array(items) = answer else {
-        return Err(format!(
-            "the answer must be a JSON array of tasks [{{\"kind\": …, \"value\": …}}], got {}",
-            type_name(answer)
-        ));
+    answer: &str,
+) -> Result<Vec<NewTask>, AnswerError> {
+    let answer = answer.trim();
+    let whole: &RawValue =
+        serde_json::from_str(answer).map_err(|e| AnswerError::NotJson(e.to_string()))?;
+    let items: Vec<&RawValue> = match whole.get().as_bytes().first() {
+        Some(b'[') => {
+            serde_json::from_str(whole.get()).map_err(|e| AnswerError::NotJson(e.to_string()))?
+        }
+        _ => {
+            return Err(AnswerError::Invalid(format!(
+                "the answer must be a JSON array of tasks [{{\"kind\": …, \"value\": …}}], got {}",
+                text_type_name(whole.get())
+            )));
+        }
     };
     let mut tasks = Vec::with_capacity(items.len());
     let mut problems = Vec::new();
     for (i, item) in items.iter().enumerate() {
-        match validate_task(workflow, allowed, item) {
+        let checked = serde_json::from_str::<Value>(item.get())
+            .map_err(|e| e.to_string())
+            .and_then(|item| validate_task(workflow, allowed, item));
+        match checked {
             Ok(task) => tasks.push(task),
             Err(reason) => problems.push(format!("task [{i}]: {reason}")),
         }
@@ -51,19 +121,30 @@ pub fn validate_tasks(
     if problems.is_empty() {
         Ok(tasks)
     } else {
-        Err(problems.join("; "))
+        Err(AnswerError::Invalid(problems.join("; ")))
     }
+}
+
+/// `validate_tasks` for callers that hold the list as a `Value` already.
+pub fn validate_task_list(
+    workflow: &Workflow,
+    allowed: Allowed<'_>,
+    answer: &Value,
+) -> Result<Vec<NewTask>, String> {
+    validate_tasks(workflow, allowed, &answer.to_string()).map_err(|e| match e {
+        AnswerError::NotJson(reason) | AnswerError::Invalid(reason) => reason,
+    })
 }
 
 fn validate_task(
     workflow: &Workflow,
     allowed: Allowed<'_>,
-    item: &Value,
+    item: Value,
 ) -> Result<NewTask, String> {
-    let Value::Object(object) = item else {
+    let Value::Object(mut object) = item else {
         return Err(format!(
             "must be an object {{\"kind\", \"value\"}}, got {}",
-            type_name(item)
+            type_name(&item)
         ));
     };
     if let Some(extra) = object.keys().find(|k| *k != "kind" && *k != "value") {
@@ -94,13 +175,27 @@ fn validate_task(
         ));
     }
     let value = object
-        .get("value")
-        .cloned()
+        .swap_remove("value")
         .unwrap_or_else(|| Value::Object(Map::new()));
     target
         .check_value(&value)
         .map_err(|failures| format!("value for `{kind}` {}", failures.join(", ")))?;
-    Ok(NewTask { kind, value })
+    Ok(NewTask {
+        kind,
+        value: JsonText::from_value(&value),
+    })
+}
+
+/// The type of the JSON document `text` (known to be valid), named as in `type_name`.
+fn text_type_name(text: &str) -> &'static str {
+    match text.as_bytes().first() {
+        Some(b'{') => "an object",
+        Some(b'[') => "an array",
+        Some(b'"') => "a string",
+        Some(b't' | b'f') => "a boolean",
+        Some(b'n') => "null",
+        _ => "a number",
+    }
 }
 
 fn type_name(value: &Value) -> &'static str {
@@ -114,13 +209,14 @@ fn type_name(value: &Value) -> &'static str {
     }
 }
 
-/// The result a post hook receives and may replace (CONTRACT.md §3).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// The result a post hook receives and may replace (CONTRACT.md §3). Read back only by
+/// `parse_post_result`, field by field: serde's tagged enums cannot hold raw JSON.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind")]
 pub enum TaskResult {
     Success {
         input: Value,
-        output: Value,
+        output: JsonText,
         next: Vec<NewTask>,
     },
     Timeout {
@@ -194,30 +290,38 @@ pub fn parse_post_result(
     let next = match object.remove("next") {
         None | Some(Value::Null) => None,
         Some(next) => Some(
-            validate_tasks(workflow, Allowed::NextOf(step), &next)
+            validate_task_list(workflow, Allowed::NextOf(step), &next)
                 .map_err(|reason| format!("post hook result `next` is invalid: {reason}"))?,
         ),
     };
-    object.entry("input").or_insert(Value::Null);
-    let kind = object
-        .get("kind")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
-    match kind.as_str() {
-        "Success" => {
-            object.entry("output").or_insert(Value::Null);
-            object.insert(
-                "next".into(),
-                serde_json::to_value(next.clone().unwrap_or_default()).unwrap_or_default(),
-            );
-        }
-        "Error" | "PreHookError" => {
-            object
-                .entry("error")
-                .or_insert(Value::String(String::new()));
-        }
-        "Timeout" => {}
+    let input = object.remove("input").unwrap_or(Value::Null);
+    let error = || match object.get("error") {
+        None | Some(Value::Null) => Ok(String::new()),
+        Some(Value::String(error)) => Ok(error.clone()),
+        Some(other) => Err(format!(
+            "post hook result is malformed: `error` must be a string, got {}",
+            type_name(other)
+        )),
+    };
+    let result = match object.get("kind").and_then(Value::as_str).unwrap_or("") {
+        "Success" => TaskResult::Success {
+            input,
+            output: object
+                .get("output")
+                .map_or_else(JsonText::null, JsonText::from_value),
+            next: next.unwrap_or_default(),
+        },
+        "Timeout" => TaskResult::Timeout { input, next },
+        "Error" => TaskResult::Error {
+            input,
+            error: error()?,
+            next,
+        },
+        "PreHookError" => TaskResult::PreHookError {
+            input,
+            error: error()?,
+            next,
+        },
         "" => {
             return Err(
                 "post hook result has no `kind` (Success, Timeout, Error or PreHookError)".into(),
@@ -228,17 +332,6 @@ pub fn parse_post_result(
                 super::config::hint_for(other, ["Success", "Timeout", "Error", "PreHookError"]);
             return Err(format!("post hook result has unknown kind `{other}`{near}"));
         }
-    }
-    if kind != "Success" {
-        object.remove("next");
-    }
-    let mut result: TaskResult = serde_json::from_value(Value::Object(object))
-        .map_err(|e| format!("post hook result is malformed: {e}"))?;
-    match &mut result {
-        TaskResult::Success { .. } => {}
-        TaskResult::Timeout { next: slot, .. }
-        | TaskResult::Error { next: slot, .. }
-        | TaskResult::PreHookError { next: slot, .. } => *slot = next,
-    }
+    };
     Ok(result)
 }

@@ -184,7 +184,7 @@ fn spawn_tasks(
         let task = TaskV1 {
             parent,
             step: new.kind.clone(),
-            value: new.value.to_string(),
+            value: new.value.into_string(),
             attempt: 1,
             phase: Phase::Queued,
             ready_at_ms: now,

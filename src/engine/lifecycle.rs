@@ -5,7 +5,9 @@
 
 use serde_json::Value;
 
-use super::answer::{Allowed, NewTask, TaskResult, parse_post_result, validate_tasks};
+use super::answer::{
+    Allowed, AnswerError, JsonText, NewTask, TaskResult, parse_post_result, validate_tasks,
+};
 use super::config::{Step, Workflow};
 use crate::store::{Phase, TaskV1};
 
@@ -137,22 +139,22 @@ pub fn action_done(
             error,
             next: None,
         },
-        ActionOutcome::Answered(text) => match serde_json::from_str::<Value>(text.trim()) {
-            Err(e) => {
-                task.invalid_response = true;
-                TaskResult::Error {
-                    input,
-                    error: format!("the answer is not JSON: {e}"),
-                    next: None,
-                }
-            }
-            Ok(answer) => match validate_tasks(workflow, Allowed::NextOf(step), &answer) {
+        ActionOutcome::Answered(text) => {
+            match validate_tasks(workflow, Allowed::NextOf(step), &text) {
                 Ok(next) => TaskResult::Success {
                     input,
-                    output: answer,
+                    output: JsonText::parse(&text).unwrap_or_else(|_| JsonText::null()),
                     next,
                 },
-                Err(reason) => {
+                Err(AnswerError::NotJson(e)) => {
+                    task.invalid_response = true;
+                    TaskResult::Error {
+                        input,
+                        error: format!("the answer is not JSON: {e}"),
+                        next: None,
+                    }
+                }
+                Err(AnswerError::Invalid(reason)) => {
                     task.invalid_response = true;
                     TaskResult::Error {
                         input,
@@ -160,8 +162,8 @@ pub fn action_done(
                         next: None,
                     }
                 }
-            },
-        },
+            }
+        }
     };
     conclude(task, workflow, step, Phase::Action, result, now_ms)
 }
@@ -314,10 +316,10 @@ fn decision(from: Phase, to: Phase, detail: String, effect: Option<Effect>) -> D
 pub fn finally_done(workflow: &Workflow, outcome: HookOutcome) -> Result<Vec<NewTask>, String> {
     match outcome {
         HookOutcome::Output(stdout) => {
-            let answer: Value = serde_json::from_str(stdout.trim())
-                .map_err(|e| format!("finally hook output is not JSON: {e}"))?;
-            validate_tasks(workflow, Allowed::AnyStep, &answer)
-                .map_err(|reason| format!("finally hook output is invalid: {reason}"))
+            validate_tasks(workflow, Allowed::AnyStep, &stdout).map_err(|e| match e {
+                AnswerError::NotJson(e) => format!("finally hook output is not JSON: {e}"),
+                AnswerError::Invalid(reason) => format!("finally hook output is invalid: {reason}"),
+            })
         }
         HookOutcome::Failed(reason) => Err(format!("finally hook failed: {reason}")),
         HookOutcome::TimedOut => Err("finally hook timed out".to_string()),

@@ -88,10 +88,7 @@ fn task_on(step: &str, value: &str) -> TaskV1 {
 }
 
 fn new_task(kind: &str, value: Value) -> NewTask {
-    NewTask {
-        kind: kind.into(),
-        value,
-    }
+    NewTask::new(kind, &value)
 }
 
 /// The task's stored result, parsed.
@@ -472,6 +469,47 @@ fn answer_not_an_array_is_an_error() {
     assert_contains(&error, &["must be a JSON array", "got an object"]);
     let error = answer_error("null");
     assert_contains(&error, &["must be a JSON array", "got null"]);
+    for (answer, named) in [
+        (r#""[]""#, "got a string"),
+        ("-3", "got a number"),
+        ("true", "got a boolean"),
+    ] {
+        assert_contains(&answer_error(answer), &["must be a JSON array", named]);
+    }
+}
+
+/// The answer is kept as the agent wrote it (a 20-digit number is not rounded through a
+/// float), while each child's value is stored as compact JSON.
+#[test]
+fn success_keeps_the_answer_text_and_compacts_child_values() {
+    let workflow = workflow(POST, "{}");
+    let step = analyze(&workflow);
+    let mut task = task();
+    let answer = "\n [ {\"kind\": \"Report\", \"value\": { \"n\": 1 },\n  \"x\": 1} ]";
+    let refused = through_action(&mut task, &workflow, step, answered(answer));
+    assert_contains(
+        error_text(&post_stdin(&refused)),
+        &["task [0]", "unknown field `x`"],
+    );
+
+    let mut task = self::task();
+    let answer = "\n [ {\"kind\": \"Report\", \"value\": { \"id\": 12345678901234567890123, \"n\": [ 1 ] }} ]\n";
+    let decision = through_action(&mut task, &workflow, step, answered(answer));
+    let stdin = decision_stdin_text(&decision);
+    assert!(
+        stdin.contains(
+            r#""output":[ {"kind": "Report", "value": { "id": 12345678901234567890123, "n": [ 1 ] }} ]"#
+        ),
+        "{stdin}"
+    );
+    let done = post_done(&mut task, &workflow, step, output(&stdin), NOW);
+    assert_eq!(done.to, Phase::Completed, "{done:?}");
+    assert_eq!(done.spawn.len(), 1);
+    let child = done.spawn[0].value.as_str();
+    assert!(
+        child.ends_with(r#","n":[1]}"#) && !child.contains(' '),
+        "{child}"
+    );
 }
 
 #[test]

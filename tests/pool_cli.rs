@@ -497,3 +497,59 @@ fn get_task_survives_a_daemon_restart_and_agent_answers_tasks() {
         .collect();
     assert!(leftovers.is_empty(), "temp files left: {leftovers:?}");
 }
+
+/// `drover-pool agent` keeps one connection: after a task, the next `GetTask` goes over the
+/// same socket, the answer written in between is delivered, and nothing else is accepted there.
+#[test]
+fn an_agent_connection_serves_task_after_task() {
+    let pool = Pool::new();
+    let _daemon = pool.start();
+    let mut runner = TestRunner::connect(&pool);
+    let first = runner.submit(json!({"n": 1}));
+    let second = runner.submit(json!({"n": 2}));
+
+    let stream =
+        UnixStream::connect(pool.pool_dir().join("pool.sock")).expect("the daemon listens");
+    stream
+        .set_read_timeout(Some(DEADLINE))
+        .expect("read timeout");
+    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+    let mut writer = stream;
+    let mut ask = |writer: &mut UnixStream, request: &Request| {
+        let mut line = serde_json::to_vec(request).expect("encodes");
+        line.push(b'\n');
+        writer.write_all(&line).expect("sent");
+        let mut reply = String::new();
+        reader.read_line(&mut reply).expect("a reply arrives");
+        reply
+    };
+    let get_task = Request::GetTask {
+        name: "steady".into(),
+    };
+    let AgentMessage::Task {
+        task_id,
+        response_file,
+        ..
+    } = one_message(&ask(&mut writer, &get_task))
+    else {
+        panic!("expected the first task")
+    };
+    assert_eq!(task_id, first);
+    std::fs::write(&response_file, "[]").expect("answer written");
+
+    let AgentMessage::Task { task_id, .. } = one_message(&ask(&mut writer, &get_task)) else {
+        panic!("expected the second task on the same connection")
+    };
+    assert_eq!(task_id, second);
+    let (answered, outcome) = runner.answer();
+    assert_eq!(answered, first);
+    assert_eq!(outcome, AnswerOutcome::Answered { text: "[]".into() });
+
+    let refused: Value =
+        serde_json::from_str(&ask(&mut writer, &Request::Status)).expect("a JSON reply");
+    assert_eq!(refused["type"], "Error", "{refused}");
+    assert_has(
+        refused["message"].as_str().unwrap_or_default(),
+        "only GetTask",
+    );
+}

@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 
-use super::conn::{Unreachable, connect_waiting};
+use super::conn::{LineReader, LineWriter, Unreachable, connect_waiting};
 use super::paths::PoolPaths;
 use super::protocol::{AgentMessage, Request};
 
@@ -25,41 +25,68 @@ pub const STOPPED_REASON: &str = "the pool was stopped";
 /// `Err` is a refusal by the daemon (e.g. another live `get-task` under the same name) or a
 /// message that cannot be understood.
 pub async fn get_task(paths: &PoolPaths, name: &str) -> Result<AgentMessage, String> {
-    let mut announced_loss = false;
-    loop {
-        let (mut reader, mut writer) = match connect_waiting(paths, None, true, WHO).await {
-            Ok(conn) => conn,
-            Err(Unreachable::Stopped) => {
-                return Ok(AgentMessage::Kicked {
-                    reason: STOPPED_REASON.into(),
-                });
-            }
-            Err(Unreachable::TimedOut) => {
-                return Err(format!("timed out waiting for pool `{}`", paths.name));
-            }
-        };
-        let request = Request::GetTask {
-            name: name.to_string(),
-        };
-        let lost = match writer.send(&request).await {
-            Err(e) => e.to_string(),
-            Ok(()) => match reader.recv::<Value>().await {
-                Ok(Some(value)) => return parse_message(value),
-                Ok(None) => "connection closed".to_string(),
-                Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
-                    return Err(format!("the pool daemon sent an unreadable message: {e}"));
-                }
+    AgentConnection::default().get_task(paths, name).await
+}
+
+/// An agent's connection to the daemon, kept open from one task to the next so a busy agent
+/// does not pay a connect and a registration per task. Reopened when the daemon goes away.
+#[derive(Default)]
+pub struct AgentConnection {
+    open: Option<(LineReader, LineWriter)>,
+}
+
+impl AgentConnection {
+    /// `get_task` over this connection.
+    pub async fn get_task(
+        &mut self,
+        paths: &PoolPaths,
+        name: &str,
+    ) -> Result<AgentMessage, String> {
+        let mut announced_loss = false;
+        loop {
+            let (mut reader, mut writer) = match self.open.take() {
+                Some(open) => open,
+                None => match connect_waiting(paths, None, true, WHO).await {
+                    Ok(conn) => conn,
+                    Err(Unreachable::Stopped) => {
+                        return Ok(AgentMessage::Kicked {
+                            reason: STOPPED_REASON.into(),
+                        });
+                    }
+                    Err(Unreachable::TimedOut) => {
+                        return Err(format!("timed out waiting for pool `{}`", paths.name));
+                    }
+                },
+            };
+            let request = Request::GetTask {
+                name: name.to_string(),
+            };
+            let lost = match writer.send(&request).await {
                 Err(e) => e.to_string(),
-            },
-        };
-        if !announced_loss {
-            eprintln!(
-                "{WHO}: lost the connection to the daemon of pool `{}` ({lost}); reconnecting",
-                paths.name
-            );
-            announced_loss = true;
+                Ok(()) => match reader.recv::<Value>().await {
+                    Ok(Some(value)) => {
+                        let message = parse_message(value)?;
+                        if matches!(message, AgentMessage::Task { .. }) {
+                            self.open = Some((reader, writer));
+                        }
+                        return Ok(message);
+                    }
+                    Ok(None) => "connection closed".to_string(),
+                    Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                        return Err(format!("the pool daemon sent an unreadable message: {e}"));
+                    }
+                    Err(e) => e.to_string(),
+                },
+            };
+            if !announced_loss {
+                eprintln!(
+                    "{WHO}: lost the connection to the daemon of pool `{}` ({lost}); reconnecting",
+                    paths.name
+                );
+                announced_loss = true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -110,11 +137,15 @@ pub async fn run_agent(
         return Err(AgentError::Failed("no command given".into()));
     };
     let mut answered = 0u64;
+    let mut connection = AgentConnection::default();
     loop {
         if max_tasks.is_some_and(|max| answered >= max) {
             return Ok(AgentEnd::Done { answered });
         }
-        let message = get_task(paths, name).await.map_err(AgentError::Refused)?;
+        let message = connection
+            .get_task(paths, name)
+            .await
+            .map_err(AgentError::Refused)?;
         let (task_id, attempt, response_file) = match &message {
             AgentMessage::Task {
                 task_id,

@@ -22,7 +22,7 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::{mpsc, oneshot, watch};
 use ulid::Ulid;
 
-use super::conn::split;
+use super::conn::{LineReader, LineWriter, split};
 use super::paths::PoolPaths;
 use super::protocol::{
     AgentMessage, AgentStatus, AnswerOutcome, PoolTask, Reply, Request, StatusReport, TaskKey,
@@ -802,38 +802,7 @@ async fn handle_connection(stream: UnixStream, tx: mpsc::UnboundedSender<Cmd>, c
         }
     };
     match first {
-        Request::GetTask { name } => {
-            let (reply_tx, reply_rx) = oneshot::channel();
-            if tx
-                .send(Cmd::GetTask {
-                    name: name.clone(),
-                    conn,
-                    reply: reply_tx,
-                })
-                .is_err()
-            {
-                return;
-            }
-            tokio::select! {
-                reply = reply_rx => match reply {
-                    Ok(Ok(message)) => {
-                        if writer.send(&message).await.is_err()
-                            && let AgentMessage::Task { task_id, attempt, .. } = &message
-                            && let Some(key) = find_key(&message, task_id, *attempt)
-                        {
-                            let _ = tx.send(Cmd::TaskUndelivered { name, key });
-                        }
-                    }
-                    Ok(Err(message)) => {
-                        let _ = writer.send(&Reply::Error { message }).await;
-                    }
-                    Err(_) => {}
-                },
-                _ = reader.recv::<serde_json::Value>() => {
-                    let _ = tx.send(Cmd::AgentGone { conn });
-                }
-            }
-        }
+        Request::GetTask { name } => serve_agent(name, reader, writer, tx, conn).await,
         Request::Runner { run_id } => {
             let (runner_tx, mut runner_rx) = mpsc::unbounded_channel();
             if tx
@@ -880,6 +849,64 @@ async fn handle_connection(stream: UnixStream, tx: mpsc::UnboundedSender<Cmd>, c
             if let Ok(reply) = reply_rx.await {
                 let _ = writer.send(&reply).await;
             }
+        }
+    }
+}
+
+/// An agent's connection: one task per `GetTask`, asked again on the same connection by
+/// `drover-pool agent` (a `get-task` process asks once and exits). Anything the agent sends
+/// while waiting, or the connection closing, means it is gone.
+async fn serve_agent(
+    mut name: String,
+    mut reader: LineReader,
+    mut writer: LineWriter,
+    tx: mpsc::UnboundedSender<Cmd>,
+    conn: u64,
+) {
+    loop {
+        let (reply_tx, reply_rx) = oneshot::channel();
+        let asked = Cmd::GetTask {
+            name: name.clone(),
+            conn,
+            reply: reply_tx,
+        };
+        if tx.send(asked).is_err() {
+            return;
+        }
+        tokio::select! {
+            reply = reply_rx => match reply {
+                Ok(Ok(message)) => {
+                    if writer.send(&message).await.is_err() {
+                        if let AgentMessage::Task { task_id, attempt, .. } = &message
+                            && let Some(key) = find_key(&message, task_id, *attempt)
+                        {
+                            let _ = tx.send(Cmd::TaskUndelivered { name, key });
+                        }
+                        return;
+                    }
+                    if matches!(message, AgentMessage::Kicked { .. }) {
+                        return;
+                    }
+                }
+                Ok(Err(message)) => {
+                    let _ = writer.send(&Reply::Error { message }).await;
+                    return;
+                }
+                Err(_) => return,
+            },
+            _ = reader.recv::<serde_json::Value>() => {
+                let _ = tx.send(Cmd::AgentGone { conn });
+                return;
+            }
+        }
+        match reader.recv::<Request>().await {
+            Ok(Some(Request::GetTask { name: next })) => name = next,
+            Ok(Some(_)) => {
+                let message = "only GetTask may follow a task on an agent connection".to_string();
+                let _ = writer.send(&Reply::Error { message }).await;
+                return;
+            }
+            Ok(None) | Err(_) => return,
         }
     }
 }

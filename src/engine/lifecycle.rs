@@ -146,19 +146,15 @@ pub fn action_done(
                     output: JsonText::parse(&text).unwrap_or_else(|_| JsonText::null()),
                     next,
                 },
-                Err(AnswerError::NotJson(e)) => {
+                Err(refused) => {
                     task.invalid_response = true;
+                    let error = match refused {
+                        AnswerError::NotJson(e) => format!("the answer is not JSON: {e}"),
+                        AnswerError::Invalid(reason) => format!("invalid answer: {reason}"),
+                    };
                     TaskResult::Error {
                         input,
-                        error: format!("the answer is not JSON: {e}"),
-                        next: None,
-                    }
-                }
-                Err(AnswerError::Invalid(reason)) => {
-                    task.invalid_response = true;
-                    TaskResult::Error {
-                        input,
-                        error: format!("invalid answer: {reason}"),
+                        error,
                         next: None,
                     }
                 }

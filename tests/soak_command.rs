@@ -38,6 +38,12 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 use ulid::Ulid;
 
+mod common;
+use common::soak::{Rng, run_recorded, sweep};
+
+/// Marks the runner and everything it starts, for the sweep.
+const TAG_VAR: &str = "DROVER_SOAK_TAG";
+
 /// `max_concurrency` of the workflow: at most this many tasks are in pre/action/post at once, so
 /// at most this many phases can be cut short by one kill.
 const MAX_CONCURRENCY: usize = 8;
@@ -219,82 +225,6 @@ fn expected_total(children: u64, block: Option<&str>) -> u64 {
 // ---------------------------------------------------------------------------------------------
 // Processes.
 
-fn env_needle(tag: &str) -> Vec<u8> {
-    format!("DROVER_SOAK_TAG={tag}\0").into_bytes()
-}
-
-/// Live processes whose environment carries the tag (zombies have an empty environ).
-fn tagged_processes(needle: &[u8]) -> Vec<Pid> {
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(environ) = fs::read(entry.path().join("environ")) else {
-            continue;
-        };
-        if environ.windows(needle.len()).any(|w| w == needle) {
-            out.push(Pid::from_raw(pid));
-        }
-    }
-    out
-}
-
-/// SIGKILLs every process carrying the tag until two scans in a row find none: after this, no
-/// hook started by a killed runner can write to the log any more.
-fn sweep(tag: &str) -> Result<usize, String> {
-    let needle = env_needle(tag);
-    let deadline = Instant::now() + PROGRESS_DEADLINE;
-    let mut killed = 0;
-    let mut quiet_scans = 0;
-    while quiet_scans < 2 {
-        let pids = tagged_processes(&needle);
-        if pids.is_empty() {
-            quiet_scans += 1;
-        } else {
-            quiet_scans = 0;
-            for pid in pids {
-                if kill(pid, Signal::SIGKILL).is_ok() {
-                    killed += 1;
-                }
-            }
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "processes tagged {tag} survive SIGKILL: {:?}",
-                tagged_processes(&needle)
-            ));
-        }
-        std::thread::sleep(POLL);
-    }
-    Ok(killed)
-}
-
-/// A tiny seeded generator (SplitMix64): the kill schedule is replayable from the seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `low..=high`.
-    fn range(&mut self, low: u64, high: u64) -> u64 {
-        low + self.next() % (high - low + 1)
-    }
-}
-
 /// A workflow in a tempdir, its state dir, and the runner currently driving it. Dropping it
 /// kills the runner and every hook it left behind.
 struct Lab {
@@ -363,7 +293,7 @@ impl Lab {
         ] {
             command.env_remove(var);
         }
-        command.env("DROVER_SOAK_TAG", &self.tag);
+        command.env(TAG_VAR, &self.tag);
         command
     }
 
@@ -393,13 +323,7 @@ impl Lab {
     /// `drover resume`; or `drover run` again if the kill came before the run was recorded.
     fn resume(&mut self) {
         if !self.run_recorded {
-            let started = fs::read_to_string(self.runner_log(self.epoch))
-                .unwrap_or_default()
-                .contains(" started");
-            self.run_recorded = started || {
-                let store = Store::open(&self.state).expect("the state store opens");
-                !store.read().unwrap().runs().unwrap().is_empty()
-            };
+            self.run_recorded = run_recorded(&self.runner_log(self.epoch), &self.state);
         }
         if self.run_recorded {
             self.spawn(&["resume"]);
@@ -417,7 +341,7 @@ impl Lab {
     /// runner's status (an exit code, not a signal, means it had finished on its own).
     fn kill_runner(&mut self) -> ExitStatus {
         let status = self.kill_runner_keeping_hooks();
-        sweep(&self.tag).unwrap();
+        sweep(TAG_VAR, &self.tag).unwrap();
         self.mark_kill();
         status
     }
@@ -450,7 +374,7 @@ impl Lab {
         loop {
             if let Some(status) = self.runner_exited() {
                 self.runner = None;
-                sweep(&self.tag).unwrap();
+                sweep(TAG_VAR, &self.tag).unwrap();
                 return status;
             }
             if Instant::now() > deadline {
@@ -506,7 +430,7 @@ impl Drop for Lab {
             let _ = child.kill();
             let _ = child.wait();
         }
-        let _ = sweep(&self.tag);
+        let _ = sweep(TAG_VAR, &self.tag);
     }
 }
 
@@ -1102,7 +1026,7 @@ fn kill_while_blocked(phase: &'static str) {
         Ok(()) | Err(Errno::ESRCH) => {}
         Err(e) => panic!("cannot kill the hook's process group: {e}"),
     }
-    sweep(&lab.tag).unwrap();
+    sweep(TAG_VAR, &lab.tag).unwrap();
     lab.mark_kill();
     fs::write(lab.wf.join("release"), "").unwrap();
     lab.resume();

@@ -58,6 +58,9 @@ use serde_json::{Value, json};
 use tempfile::TempDir;
 use ulid::Ulid;
 
+mod common;
+use common::soak::{Rng, run_recorded, sweep};
+
 /// Tasks in pre/action/post at once: more than there are agents, so agents rarely idle, and
 /// few enough that the pool's queue drains soon after a kill and progress needs the runner.
 const MAX_CONCURRENCY: usize = 8;
@@ -209,24 +212,6 @@ impl Expected {
 // ---------------------------------------------------------------------------------------------
 // Processes.
 
-/// A tiny seeded generator (SplitMix64): the kill schedule is replayable from the seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `low..=high`.
-    fn range(&mut self, low: u64, high: u64) -> u64 {
-        low + self.next() % (high - low + 1)
-    }
-}
-
 /// A long-lived process (the daemon, an agent) whose output goes to a file. SIGKILLed when
 /// dropped.
 struct Proc {
@@ -273,56 +258,6 @@ impl Drop for Proc {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
-}
-
-/// Live processes whose environment holds `needle` (zombies have an empty environ).
-fn tagged_processes(needle: &[u8]) -> Vec<Pid> {
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(environ) = fs::read(entry.path().join("environ")) else {
-            continue;
-        };
-        if environ.windows(needle.len()).any(|w| w == needle) {
-            out.push(Pid::from_raw(pid));
-        }
-    }
-    out
-}
-
-/// SIGKILLs every process whose environment holds `VAR=TAG` until two scans in a row find none.
-fn sweep(var: &str, tag: &str) -> Result<(), String> {
-    let needle = format!("{var}={tag}\0").into_bytes();
-    let deadline = Instant::now() + PROGRESS_DEADLINE;
-    let mut quiet_scans = 0;
-    while quiet_scans < 2 {
-        let pids = tagged_processes(&needle);
-        if pids.is_empty() {
-            quiet_scans += 1;
-        } else {
-            quiet_scans = 0;
-            for pid in pids {
-                let _ = kill(pid, Signal::SIGKILL);
-            }
-        }
-        if Instant::now() > deadline {
-            return Err(format!(
-                "processes tagged {var}={tag} survive SIGKILL: {:?}",
-                tagged_processes(&needle)
-            ));
-        }
-        std::thread::sleep(POLL);
-    }
-    Ok(())
 }
 
 /// Marks the runner and everything it starts (hooks, Command actions).
@@ -569,13 +504,7 @@ impl Lab {
     /// `drover resume`; or `drover run` again if the kill came before the run was recorded.
     fn resume(&mut self) {
         if !self.run_recorded {
-            let started = fs::read_to_string(self.runner_log(self.epoch))
-                .unwrap_or_default()
-                .contains(" started");
-            self.run_recorded = started || {
-                let store = Store::open(&self.state).expect("the state store opens");
-                !store.read().unwrap().runs().unwrap().is_empty()
-            };
+            self.run_recorded = run_recorded(&self.runner_log(self.epoch), &self.state);
         }
         if self.run_recorded {
             self.spawn_runner(&["resume"]);

@@ -110,3 +110,4 @@ impl Drop for Proc {
         self.kill();
     }
 }
+pub mod soak;

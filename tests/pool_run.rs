@@ -982,6 +982,114 @@ fn get_task_again_without_answering_abandons_the_task() {
     );
 }
 
+/// §4: `kick` of a busy agent takes effect at its next get-task, and what it held is settled
+/// then, never stranded. `x` asks again without answering: it is kicked and its task gets
+/// `Error{"agent requested a new task without answering"}` (no retries: the task fails, the
+/// run exits 1). `y` answers first: until then its task stays assigned to it, the answer is
+/// used, and its next get-task is kicked too.
+#[test]
+fn a_kicked_busy_agent_settles_its_task_when_it_asks_again() {
+    const KICKED: &str = "kicked by drover-pool kick";
+    let env = Env::new();
+    let _daemon = env.start_daemon();
+    let config = env.write_config(&json!({
+        "steps": [pool_step("Work", &[], json!({"max_retries": 0}))]
+    }));
+    let mut run = env.spawn_run(
+        &config,
+        &[
+            "--initial-state",
+            r#"[{"kind": "Work", "value": {"n": 1}}, {"kind": "Work", "value": {"n": 2}}]"#,
+        ],
+    );
+    let (x_task, _, _) = env.get_task("x");
+    let (y_task, _, y_response) = env.get_task("y");
+    for name in ["x", "y"] {
+        let done = env.run_pool("kick", &["--name", name]);
+        assert!(done.status.success(), "kick {name}: {}", done.stderr);
+    }
+    let held_by = |status: &Value, name: &str| -> Option<String> {
+        status["agents"]
+            .as_array()
+            .expect("agents array")
+            .iter()
+            .find(|a| a["name"] == name)
+            .and_then(|a| a["task"]["task_id"].as_str().map(str::to_string))
+    };
+    let status = env.status_json().expect("status");
+    assert_eq!(
+        status["assigned"], 2,
+        "a kick alone settles nothing: {status}"
+    );
+    assert_eq!(held_by(&status, "x"), Some(x_task.clone()), "{status}");
+    assert_eq!(held_by(&status, "y"), Some(y_task.clone()), "{status}");
+
+    let done = env.run_pool("get-task", &["--name", "x"]);
+    assert!(done.status.success(), "get-task x: {}", done.stderr);
+    assert_eq!(
+        serde_json::from_str::<AgentMessage>(done.stdout.trim()).expect("an agent message"),
+        AgentMessage::Kicked {
+            reason: KICKED.into()
+        }
+    );
+    wait_until("x's task is recorded as failed", DEADLINE, || {
+        run.assert_alive();
+        env.read_run().is_some_and(|state| {
+            state
+                .tasks
+                .iter()
+                .any(|(id, t)| Ulid(*id).to_string() == x_task && t.phase == Phase::Failed)
+        })
+    });
+    let status = env.status_json().expect("status");
+    assert_eq!(status["assigned"], 1, "y still holds its task: {status}");
+    assert_eq!(held_by(&status, "y"), Some(y_task.clone()), "{status}");
+
+    std::fs::write(&y_response, "[]").expect("y's answer written");
+    let done = Done::of(run, DEADLINE);
+    assert_exit(&done, 1);
+    let done = env.run_pool("get-task", &["--name", "y"]);
+    assert!(done.status.success(), "get-task y: {}", done.stderr);
+    assert_eq!(
+        serde_json::from_str::<AgentMessage>(done.stdout.trim()).expect("an agent message"),
+        AgentMessage::Kicked {
+            reason: KICKED.into()
+        }
+    );
+
+    let state = env.run_state();
+    assert_eq!(state.run.status, RunStatus::Failed);
+    let task = |wanted: &str| {
+        state
+            .tasks
+            .iter()
+            .find(|(id, _)| Ulid(*id).to_string() == wanted)
+            .map(|(id, t)| (*id, t))
+            .expect("the task was recorded")
+    };
+    let (x_id, x) = task(&x_task);
+    assert_eq!((x.phase, x.attempt), (Phase::Failed, 1));
+    assert_eq!(
+        x.error.as_deref(),
+        Some("Error: agent requested a new task without answering")
+    );
+    let errors = state.errors(x_id);
+    assert_eq!(errors.len(), 1, "{:?}", state.transitions(x_id));
+    assert_eq!(errors[0].to, Stage::Phase(Phase::Failed), "{:?}", errors[0]);
+    let (_, y) = task(&y_task);
+    assert_eq!((y.phase, y.attempt), (Phase::Completed, 1));
+    let result: Value = serde_json::from_str(y.result.as_deref().expect("a result")).expect("JSON");
+    assert_eq!(result["output"], json!([]));
+
+    wait_until("the pool holds nothing for the run", DEADLINE, || {
+        env.status_json()
+            .is_some_and(|s| s["assigned"] == 0 && s["queued"] == 0 && s["undelivered"] == 0)
+    });
+    let status = env.status_json().expect("status");
+    assert_eq!(held_by(&status, "x"), None, "{status}");
+    assert_eq!(held_by(&status, "y"), None, "{status}");
+}
+
 /// §5: `resume` re-attaches a pool task the pool still holds instead of dispatching it again,
 /// and an answer written while no runner was running is used.
 #[test]

@@ -367,14 +367,10 @@ impl State {
             Cmd::GetTask { name, conn, reply } => self.get_task(name, conn, reply),
             Cmd::AgentGone { conn } => self.waiting.retain(|w| w.conn != conn),
             Cmd::TaskUndelivered { name, key } => {
-                if let Some(entry) = self.entries.get_mut(&key)
-                    && matches!(&entry.state, EntryState::Assigned { agent, .. } if *agent == name)
-                {
-                    let seq = self.next_seq;
-                    self.next_seq += 1;
-                    entry.state = EntryState::Queued { seq };
-                    self.queue.insert((0, seq), key);
-                    self.dirty.push(key);
+                if self.entries.get(&key).is_some_and(
+                    |entry| matches!(&entry.state, EntryState::Assigned { agent, .. } if *agent == name),
+                ) {
+                    self.requeue(key);
                     if let Some(agent) = self.agents.get_mut(&name) {
                         agent.task = None;
                     }
@@ -536,10 +532,41 @@ impl State {
         }
     }
 
+    /// Puts an assigned task back at the front of the queue, for the next waiting agent.
+    fn requeue(&mut self, key: Key) {
+        let Some(entry) = self.entries.get_mut(&key) else {
+            return;
+        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        entry.state = EntryState::Queued { seq };
+        self.queue.insert((0, seq), key);
+        self.dirty.push(key);
+    }
+
+    /// Agent `name` leaves (kicked, or the pool stops) while it may still hold a task: the task
+    /// gets the answer on file or the abandon error, as when the agent asks again without
+    /// answering, so the runner waiting for it is not left waiting forever.
+    fn release_held_task(&mut self, name: &str) {
+        let Some(key) = self
+            .agents
+            .get_mut(name)
+            .and_then(|agent| agent.task.take())
+        else {
+            return;
+        };
+        if self.settle_held_task(name, key).is_some() {
+            // Assigned by an earlier daemon, maybe never delivered, and this agent is going
+            // away: the task is not lost work, so another agent may have it.
+            self.requeue(key);
+        }
+    }
+
     fn kick(&mut self, name: &str) -> Reply {
         if let Some(position) = self.waiting.iter().position(|w| w.name == name)
             && let Some(waiter) = self.waiting.remove(position)
         {
+            self.release_held_task(name);
             self.agents.remove(name);
             self.out.push(Outgoing::Agent(
                 waiter.reply,
@@ -570,6 +597,7 @@ impl State {
         reply: oneshot::Sender<Result<AgentMessage, String>>,
     ) {
         if self.stopping {
+            self.release_held_task(&name);
             self.out.push(Outgoing::Agent(
                 reply,
                 Ok(AgentMessage::Kicked {
@@ -591,6 +619,9 @@ impl State {
         }
         let agent = self.agents.entry(name.clone()).or_default();
         if agent.kick_pending {
+            // Asking again means the agent is done with what it held (§4): settle that before
+            // the record that names it goes.
+            self.release_held_task(&name);
             self.agents.remove(&name);
             self.out.push(Outgoing::Agent(
                 reply,

@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use drover::store::{FinallyState, Phase, RunStatus, RunV1, Store, TaskV1};
+use drover::store::{FinallyState, Phase, RunStatus, RunV2, Store, TaskV1};
 use serde_json::{Value, json};
 
 mod common;
@@ -175,7 +175,7 @@ impl Env {
     }
 
     /// The newest run of the state directory, and its tasks in creation order.
-    fn newest_run(&self) -> (RunV1, Vec<TaskV1>) {
+    fn newest_run(&self) -> (RunV2, Vec<TaskV1>) {
         let store = Store::open(&self.state()).expect("the state store opens");
         let reader = store.read().expect("a read snapshot");
         let (id, run) = reader
@@ -193,7 +193,7 @@ impl Env {
 }
 
 /// `(total, completed, failed)` of a run.
-fn counts(run: &RunV1) -> (u64, u64, u64) {
+fn counts(run: &RunV2) -> (u64, u64, u64) {
     (run.tasks_total, run.tasks_completed, run.tasks_failed)
 }
 

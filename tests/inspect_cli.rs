@@ -248,7 +248,8 @@ fn a_store_written_by_a_newer_drover_is_refused_with_both_versions() {
     assert_eq!(output.status.code(), Some(3));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
-        stderr.contains("newer drover (schema version 99)") && stderr.contains("up to 1"),
+        stderr.contains("newer drover (schema version 99)")
+            && stderr.contains(&format!("up to {}", drover::store::tables::SCHEMA_VERSION)),
         "{stderr}"
     );
     let run = drover()

@@ -21,7 +21,7 @@ use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use drover::pool::protocol::AgentMessage;
-use drover::store::{Phase, RunStatus, RunV1, Stage, Store, TaskV1, TransitionV1};
+use drover::store::{Phase, RunStatus, RunV2, Stage, Store, TaskV1, TransitionV1};
 use serde_json::{Value, json};
 use ulid::Ulid;
 
@@ -79,7 +79,7 @@ fn assert_has(haystack: &str, needle: &str) {
 /// What the store holds about the one run of a state directory.
 struct RunState {
     id: u128,
-    run: RunV1,
+    run: RunV2,
     /// In creation order.
     tasks: Vec<(u128, TaskV1)>,
     transitions: HashMap<u128, Vec<TransitionV1>>,

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use assert_cmd::Command;
 use drover::store::{
-    FinallyState, HookLogV1, Phase, RunStatus, RunV1, Stage, Store, TaskV1, TransitionV1,
+    FinallyState, HookLogV1, Phase, RunStatus, RunV2, Stage, Store, TaskV1, TransitionV1,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -154,7 +154,7 @@ impl Workspace {
 /// Everything the store holds about one run.
 struct Stored {
     run_id: u128,
-    run: RunV1,
+    run: RunV2,
     /// In creation order.
     tasks: Vec<(u128, TaskV1)>,
     /// The run's transitions, in sequence order.

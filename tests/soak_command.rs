@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use drover::store::{FinallyState, Phase, RunStatus, RunV1, Stage, Store, TaskV1, TransitionV1};
+use drover::store::{FinallyState, Phase, RunStatus, RunV2, Stage, Store, TaskV1, TransitionV1};
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::{Pid, getpgid};
@@ -439,7 +439,7 @@ impl Drop for Lab {
 
 struct Recorded {
     run_id: u128,
-    run: RunV1,
+    run: RunV2,
     tasks: BTreeMap<u128, TaskV1>,
     open_children: HashMap<u128, u64>,
     transitions: HashMap<u128, Vec<(u64, TransitionV1)>>,

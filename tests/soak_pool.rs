@@ -51,7 +51,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use drover::store::{FinallyState, Phase, RunStatus, RunV1, Stage, Store, TaskV1, TransitionV1};
+use drover::store::{FinallyState, Phase, RunStatus, RunV2, Stage, Store, TaskV1, TransitionV1};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
@@ -632,7 +632,7 @@ impl Progress {
 // What the store says.
 
 struct Recorded {
-    run: RunV1,
+    run: RunV2,
     tasks: BTreeMap<u128, TaskV1>,
     transitions: HashMap<u128, Vec<(u64, TransitionV1)>>,
     children: HashMap<u128, Vec<u128>>,

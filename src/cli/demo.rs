@@ -49,7 +49,7 @@ pub fn run(args: DemoArgs) -> CliResult {
     let dir = std::env::temp_dir().join(format!("drover-demo-{}", ulid::Ulid::generate()));
     let result = tour(&dir);
     if args.keep {
-        eprintln!("demo files kept in {}", dir.display());
+        crate::say!("demo files kept in {}", dir.display());
     } else {
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -179,7 +179,7 @@ async fn scripted_agent(paths: PoolPaths, name: String) {
         let message = match crate::pool::agent::get_task(&paths, &name).await {
             Ok(message) => message,
             Err(e) => {
-                eprintln!("demo agent {name}: {e}");
+                crate::say!("demo agent {name}: {e}");
                 return;
             }
         };
@@ -198,7 +198,7 @@ async fn scripted_agent(paths: PoolPaths, name: String) {
         if let Err(e) =
             crate::pool::agent::write_atomically(Path::new(&response_file), answer.as_bytes())
         {
-            eprintln!("demo agent {name}: {e}");
+            crate::say!("demo agent {name}: {e}");
             return;
         }
     }

@@ -44,7 +44,7 @@ pub fn finish(result: CliResult) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(error) => {
-            eprintln!("error: {}", error.message);
+            crate::say!("error: {}", error.message);
             ExitCode::from(error.code)
         }
     }

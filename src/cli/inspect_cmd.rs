@@ -1,6 +1,7 @@
 //! `drover inspect`: runs, one run, its task tree, one task — live or after the fact.
 
 use std::fmt::Write as _;
+use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Args;
@@ -10,8 +11,11 @@ use ulid::Ulid;
 
 use super::exit::{CliError, CliResult};
 use super::locations::StateDirArg;
-use crate::engine::report::{self, RunReport, TaskReport, TreeNode, format_duration, format_utc};
-use crate::store;
+use crate::engine::report::{
+    self, RunReport, RunRow, TaskReport, TreeNode, format_duration, format_utc,
+};
+use crate::engine::run_lock::RunLock;
+use crate::store::{self, RunStatus};
 
 #[derive(Debug, Args)]
 pub struct InspectArgs {
@@ -60,7 +64,10 @@ pub fn run(args: InspectArgs) -> CliResult {
     let store = store::open_for_reading(&state_dir).map_err(CliError::unavailable)?;
     let reader = store.read().map_err(CliError::unavailable)?;
     let Some(run_text) = &args.run_id else {
-        let runs = report::runs(&reader).map_err(CliError::unavailable)?;
+        let mut runs = report::runs(&reader).map_err(CliError::unavailable)?;
+        for run in &mut runs {
+            mark_crashed(run, &state_dir);
+        }
         if args.json {
             return print_json(&runs);
         }
@@ -105,9 +112,10 @@ pub fn run(args: InspectArgs) -> CliResult {
             print_task(&task)
         };
     }
-    let report = report::run_report(&reader, run_id, args.tree)
+    let mut report = report::run_report(&reader, run_id, args.tree)
         .map_err(CliError::unavailable)?
         .ok_or_else(|| CliError::invalid(format!("no run {run_id} in {}", state_dir.display())))?;
+    mark_crashed(&mut report.run, &state_dir);
     if args.json {
         return print_json(&report);
     }
@@ -115,9 +123,28 @@ pub fn run(args: InspectArgs) -> CliResult {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A run stored as running whose runner holds no lock any more died without recording it
+/// (SIGKILL, power loss): say so, since it only moves again with `drover resume`.
+fn mark_crashed(run: &mut RunRow, state_dir: &Path) {
+    if run.status == RunStatus::Running.as_str()
+        && let Ok(id) = Ulid::from_string(&run.id)
+        && !RunLock::is_held(state_dir, id)
+    {
+        run.status = CRASHED;
+    }
+}
+
+const CRASHED: &str = "crashed";
+
 fn print_run(report: &RunReport) {
     let run = &report.run;
     println!("run {}  {}", run.id, run.status);
+    if run.status == CRASHED {
+        println!(
+            "         its runner is gone; continue it with `drover resume {}`",
+            run.id
+        );
+    }
     println!("config   {}", run.config);
     println!(
         "started  {} UTC, {}{}",

@@ -287,12 +287,12 @@ fn stop(args: StopArgs) -> CliResult {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         if paths.socket().exists() {
-            eprintln!(
+            crate::say!(
                 "drover-pool: stop requested; the daemon of pool `{}` has not exited yet",
                 paths.name
             );
         } else {
-            eprintln!("drover-pool: pool `{}` stopped", paths.name);
+            crate::say!("drover-pool: pool `{}` stopped", paths.name);
         }
         Ok(ExitCode::SUCCESS)
     })
@@ -372,9 +372,10 @@ fn kick(args: KickArgs) -> CliResult {
     };
     match runtime()?.block_on(request(&paths, &request_kick))? {
         Reply::Ok => {
-            eprintln!(
+            crate::say!(
                 "drover-pool: kicked agent `{}` of pool `{}`",
-                args.name, paths.name
+                args.name,
+                paths.name
             );
             Ok(ExitCode::SUCCESS)
         }
@@ -417,10 +418,10 @@ fn run_agent(args: AgentArgs) -> CliResult {
         })?;
     match end {
         AgentEnd::Kicked { reason } => {
-            eprintln!("drover-pool agent `{}`: kicked: {reason}", args.name);
+            crate::say!("drover-pool agent `{}`: kicked: {reason}", args.name);
         }
         AgentEnd::Done { answered } => {
-            eprintln!(
+            crate::say!(
                 "drover-pool agent `{}`: answered {answered} task(s); exiting",
                 args.name
             );

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::engine::driver::ProgressSink;
-use crate::store::RunV1;
+use crate::store::RunV2;
 
 pub struct Progress {
     bar: Option<ProgressBar>,
@@ -50,7 +50,7 @@ impl Default for Progress {
 }
 
 impl ProgressSink for Progress {
-    fn update(&mut self, run: &RunV1, in_flight: usize) {
+    fn update(&mut self, run: &RunV2, in_flight: usize) {
         let settled = run.tasks_completed + run.tasks_failed;
         if let Some(bar) = &self.bar {
             bar.set_length(run.tasks_total);
@@ -66,9 +66,11 @@ impl ProgressSink for Progress {
             .last_line
             .is_none_or(|at| at.elapsed() >= PLAIN_INTERVAL);
         if due && counts != self.last_counts {
-            eprintln!(
+            crate::say!(
                 "progress: {settled}/{} tasks settled ({} completed, {} failed, {in_flight} running)",
-                run.tasks_total, run.tasks_completed, run.tasks_failed
+                run.tasks_total,
+                run.tasks_completed,
+                run.tasks_failed
             );
             self.last_line = Some(Instant::now());
             self.last_counts = counts;

@@ -19,7 +19,7 @@ use crate::engine::driver::{self, Driver, RunSummary};
 use crate::engine::run_lock::RunLock;
 use crate::pool::paths::PoolArgs;
 use crate::pool::runner_client::PoolClient;
-use crate::store::{RunStatus, Store};
+use crate::store::{PoolRef, RunStatus, RunV2, Store};
 
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -72,7 +72,8 @@ pub fn run(args: RunArgs) -> CliResult {
         run_id,
         workflow.clone(),
         state_dir.clone(),
-        &args.pool,
+        &args.pool.location,
+        args.pool.pool_wait,
     )?;
     driver::create_run(
         &store,
@@ -81,9 +82,10 @@ pub fn run(args: RunArgs) -> CliResult {
         snapshot,
         &entry_value,
         first_tasks,
+        session.pool.clone(),
     )
     .map_err(CliError::unavailable)?;
-    eprintln!(
+    crate::say!(
         "drover: run {run_id} started (state: {})",
         state_dir.display()
     );
@@ -106,34 +108,117 @@ pub fn resume(args: ResumeArgs) -> CliResult {
                 })?;
             (id, run)
         }
-        None => {
-            let runs = reader.runs().map_err(CliError::unavailable)?;
-            let newest = runs
-                .into_iter()
-                .find(|(_, run)| matches!(run.status, RunStatus::Running | RunStatus::Interrupted))
-                .ok_or_else(|| {
-                    CliError::invalid(format!("no unfinished run in {}", state_dir.display()))
-                })?;
-            (Ulid(newest.0), newest.1)
-        }
+        None => newest_resumable(reader.runs().map_err(CliError::unavailable)?, &state_dir)?,
     };
     drop(reader);
-    if matches!(run.status, RunStatus::Completed | RunStatus::Failed) {
-        eprintln!(
-            "drover: run {run_id} already finished: {}",
-            run.status.as_str()
-        );
-        return Ok(ExitCode::SUCCESS);
+    match run.status {
+        RunStatus::Completed => {
+            crate::say!("drover: run {run_id} already finished: completed");
+            return Ok(ExitCode::SUCCESS);
+        }
+        RunStatus::Failed => {
+            crate::say!(
+                "drover: run {run_id} already finished: failed ({} of {} tasks)",
+                run.tasks_failed,
+                run.tasks_total
+            );
+            return Ok(ExitCode::from(exit::FAILED_TASKS));
+        }
+        RunStatus::Running | RunStatus::Interrupted => {}
     }
-    let workflow =
-        config::load_text(&run.config_snapshot, Path::new(&run.config_path)).map_err(|e| {
-            CliError::invalid(format!(
-                "the config snapshot stored with run {run_id} no longer loads:\n{e}"
-            ))
-        })?;
-    let mut session = Session::start(store, run_id, Arc::new(workflow), state_dir, &args.pool)?;
-    eprintln!("drover: resuming run {run_id}");
+    // Hooks run where the config was when the run started, wherever `resume` is run from
+    // (`config_path` may be relative to `run`'s working directory in runs stored before v2).
+    let base_dir = Path::new(&run.base_dir);
+    let config_path = Path::new(&run.config_path)
+        .file_name()
+        .map_or_else(|| base_dir.join("config"), |name| base_dir.join(name));
+    let workflow = config::load_text(&run.config_snapshot, &config_path).map_err(|e| {
+        CliError::invalid(format!(
+            "the config snapshot stored with run {run_id} no longer loads:\n{e}"
+        ))
+    })?;
+    let location = pool_for_resume(run_id, run.pool.as_ref(), &args.pool.location);
+    let session = Session::start(
+        store.clone(),
+        run_id,
+        Arc::new(workflow),
+        state_dir,
+        &location,
+        args.pool.pool_wait,
+    )?;
+    if session.pool.is_some() && session.pool != run.pool {
+        let pool = session.pool.clone();
+        store
+            .write(|w| {
+                if let Some(mut stored) = w.run(run_id.0)? {
+                    stored.pool = pool;
+                    w.put_run(run_id.0, &stored)?;
+                }
+                Ok(())
+            })
+            .map_err(CliError::unavailable)?;
+    }
+    let mut session = session;
+    crate::say!("drover: resuming run {run_id}");
     session.drive()
+}
+
+/// The newest run that is unfinished and not being run by a live drover process.
+fn newest_resumable(runs: Vec<(u128, RunV2)>, state_dir: &Path) -> Result<(Ulid, RunV2), CliError> {
+    let mut live = 0;
+    for (id, run) in runs {
+        if !matches!(run.status, RunStatus::Running | RunStatus::Interrupted) {
+            continue;
+        }
+        if RunLock::is_held(state_dir, Ulid(id)) {
+            live += 1;
+            continue;
+        }
+        return Ok((Ulid(id), run));
+    }
+    Err(CliError::invalid(if live > 0 {
+        format!(
+            "no run to resume in {}: {live} unfinished run(s) are being run by live drover processes",
+            state_dir.display()
+        )
+    } else {
+        format!("no unfinished run in {}", state_dir.display())
+    }))
+}
+
+/// A run goes back to the pool it started with, where the agent work it already handed out
+/// is kept; a pool named explicitly (flag or environment) wins, with a warning when it differs.
+fn pool_for_resume(run_id: Ulid, stored: Option<&PoolRef>, given: &PoolArgs) -> PoolArgs {
+    let Some(stored) = stored else {
+        return given.clone();
+    };
+    if given.pool.is_none() && given.root.is_none() {
+        return PoolArgs {
+            pool: Some(stored.name.clone()),
+            root: Some(PathBuf::from(&stored.root)),
+        };
+    }
+    let chosen = pool_ref(given);
+    if &chosen != stored {
+        crate::say!(
+            "drover: warning: run {run_id} sent its agent tasks to pool `{}` in {}; resuming \
+             with pool `{}` in {}: tasks the first pool still holds are dispatched again",
+            stored.name,
+            stored.root,
+            chosen.name,
+            chosen.root
+        );
+    }
+    given.clone()
+}
+
+fn pool_ref(location: &PoolArgs) -> PoolRef {
+    let root = location.root();
+    let root = std::path::absolute(&root).unwrap_or(root);
+    PoolRef {
+        name: location.name().to_string(),
+        root: root.display().to_string(),
+    }
 }
 
 fn first_tasks(workflow: &Workflow, args: &RunArgs) -> Result<(Value, Vec<NewTask>), CliError> {
@@ -167,6 +252,8 @@ fn first_tasks(workflow: &Workflow, args: &RunArgs) -> Result<(Value, Vec<NewTas
 struct Session {
     runtime: tokio::runtime::Runtime,
     driver: Option<Driver>,
+    /// The pool connected to, when the workflow has Pool steps.
+    pool: Option<PoolRef>,
     _lock: RunLock,
 }
 
@@ -176,7 +263,8 @@ impl Session {
         run_id: Ulid,
         workflow: Arc<Workflow>,
         state_dir: PathBuf,
-        pool: &PoolConnectArgs,
+        pool_location: &PoolArgs,
+        pool_wait: f64,
     ) -> Result<Self, CliError> {
         let lock = RunLock::acquire(&state_dir, run_id).map_err(CliError::invalid)?;
         let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -190,30 +278,32 @@ impl Session {
             state_dir,
             runtime.handle().clone(),
         );
+        let mut pool = None;
         if workflow
             .steps
             .iter()
             .any(|s| matches!(s.action, Action::Pool { .. }))
         {
-            let wait = Duration::try_from_secs_f64(pool.pool_wait).map_err(|_| {
+            let wait = Duration::try_from_secs_f64(pool_wait).map_err(|_| {
                 CliError::invalid(format!(
-                    "--pool-wait {} is not a number of seconds",
-                    pool.pool_wait
+                    "--pool-wait {pool_wait} is not a number of seconds"
                 ))
             })?;
             let client = runtime
                 .block_on(PoolClient::connect(
-                    pool.location.paths(),
+                    pool_location.paths(),
                     run_id.to_string(),
                     wait,
                     driver.late_answer_sink(),
                 ))
                 .map_err(CliError::unavailable)?;
             driver.attach_pool(client);
+            pool = Some(pool_ref(pool_location));
         }
         Ok(Self {
             runtime,
             driver: Some(driver),
+            pool,
             _lock: lock,
         })
     }
@@ -257,9 +347,9 @@ fn report(summary: &RunSummary) {
     let id = summary.run_id;
     match summary.status {
         RunStatus::Interrupted | RunStatus::Running => {
-            eprintln!("drover: run {id} interrupted; continue it with `drover resume {id}`");
+            crate::say!("drover: run {id} interrupted; continue it with `drover resume {id}`");
         }
-        status => eprintln!(
+        status => crate::say!(
             "drover: run {id} {}: {} tasks, {} completed, {} failed",
             status.as_str(),
             summary.total,

@@ -10,6 +10,7 @@
 //! Memory holds only work in flight: queued tasks stay in the store's queue table and are read
 //! one by one as slots free.
 
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
@@ -26,7 +27,7 @@ use crate::pool::protocol::{AnswerOutcome, PoolTask, TaskKey, TaskRef};
 use crate::pool::runner_client::{LateAnswerSink, PoolClient};
 use crate::store::tables::FINALLY_CODE;
 use crate::store::{
-    FinallyState, HookLogV1, Phase, RunStatus, RunV1, Stage, Store, StoreError, TaskV1,
+    FinallyState, HookLogV1, Phase, PoolRef, RunStatus, RunV2, Stage, Store, StoreError, TaskV1,
     TransitionV1, Writer,
 };
 
@@ -63,7 +64,7 @@ pub struct RunSummary {
 
 /// Progress after each commit, for the CLI to display.
 pub trait ProgressSink {
-    fn update(&mut self, run: &RunV1, in_flight: usize);
+    fn update(&mut self, run: &RunV2, in_flight: usize);
 }
 
 enum Event {
@@ -107,6 +108,18 @@ enum JobKind {
     Finally { value: String },
 }
 
+impl JobKind {
+    /// The phase as hooks see it in `DROVER_PHASE`.
+    fn phase_name(&self) -> &'static str {
+        match self {
+            JobKind::Finally { .. } => "finally",
+            JobKind::Phase(Effect::Pre { .. }) => "pre",
+            JobKind::Phase(Effect::Action { .. }) => "action",
+            JobKind::Phase(Effect::Post { .. }) => "post",
+        }
+    }
+}
+
 /// The finally hook of `task`, fed the task's original value.
 fn finally_job(task_id: u128, task: &TaskV1) -> Job {
     Job {
@@ -127,12 +140,18 @@ pub fn create_run(
     config_snapshot: String,
     entrypoint_value: &Value,
     first_tasks: Vec<NewTask>,
+    pool: Option<PoolRef>,
 ) -> Result<(), DriverError> {
     let now = now_ms();
     let mut ids = ulid::Generator::new();
+    // Absolute, so that `resume` and `inspect` from any directory name the same file.
+    let config_path = match workflow.path.file_name() {
+        Some(name) => workflow.base_dir.join(name),
+        None => workflow.path.clone(),
+    };
     store.write(|w| {
-        let mut run = RunV1 {
-            config_path: workflow.path.display().to_string(),
+        let mut run = RunV2 {
+            config_path: config_path.display().to_string(),
             base_dir: workflow.base_dir.display().to_string(),
             config_snapshot,
             entrypoint_value: entrypoint_value.to_string(),
@@ -145,6 +164,7 @@ pub fn create_run(
             tasks_failed: 0,
             tasks_open: 0,
             next_transition: 0,
+            pool: pool.clone(),
         };
         spawn_tasks(
             w,
@@ -168,7 +188,7 @@ fn spawn_tasks(
     workflow: &Workflow,
     ids: &mut ulid::Generator,
     run_id: u128,
-    run: &mut RunV1,
+    run: &mut RunV2,
     parent: Option<u128>,
     tasks: Vec<NewTask>,
     now: u64,
@@ -311,6 +331,7 @@ impl Driver {
     pub fn run(mut self, progress: &mut dyn ProgressSink) -> Result<RunSummary, DriverError> {
         let store = self.store.clone();
         let mut jobs = store.write(|w| self.reattach(w))?;
+        self.stop_leftovers(&jobs);
         let mut pending: Vec<Event> = Vec::new();
         loop {
             let now = now_ms();
@@ -386,7 +407,7 @@ impl Driver {
         }
     }
 
-    fn load_run(&self, w: &Writer<'_>) -> Result<RunV1, StoreError> {
+    fn load_run(&self, w: &Writer<'_>) -> Result<RunV2, StoreError> {
         w.run(self.run_id)?.ok_or_else(|| {
             StoreError::Missing(format!("run {} is not in the store", Ulid(self.run_id)))
         })
@@ -440,6 +461,22 @@ impl Driver {
         Ok(jobs)
     }
 
+    /// Kills what a dead runner left running of the phases about to run again, so that no
+    /// hook or command runs twice at once.
+    fn stop_leftovers(&self, jobs: &[Job]) {
+        let phases: HashSet<(String, &'static str)> = jobs
+            .iter()
+            .map(|job| (Ulid(job.task).to_string(), job.kind.phase_name()))
+            .collect();
+        let stopped = super::orphans::stop_leftovers(Ulid(self.run_id), &phases);
+        if stopped > 0 {
+            tracing::warn!(
+                stopped,
+                "stopped processes the previous runner of this run left running"
+            );
+        }
+    }
+
     fn step_index(&self, name: &str) -> Option<usize> {
         self.workflow.steps.iter().position(|s| s.name == name)
     }
@@ -455,7 +492,7 @@ impl Driver {
     fn apply(
         &mut self,
         w: &mut Writer<'_>,
-        run: &mut RunV1,
+        run: &mut RunV2,
         event: Event,
         now: u64,
         jobs: &mut Vec<Job>,
@@ -603,7 +640,7 @@ impl Driver {
     fn record(
         &mut self,
         w: &mut Writer<'_>,
-        run: &mut RunV1,
+        run: &mut RunV2,
         task_id: u128,
         task: TaskV1,
         decision: Decision,
@@ -690,7 +727,7 @@ impl Driver {
     fn finish_upwards(
         &mut self,
         w: &mut Writer<'_>,
-        run: &mut RunV1,
+        run: &mut RunV2,
         mut task_id: u128,
         mut task: TaskV1,
         now: u64,
@@ -750,7 +787,7 @@ impl Driver {
     fn dispatch(
         &mut self,
         w: &mut Writer<'_>,
-        run: &mut RunV1,
+        run: &mut RunV2,
         now: u64,
         jobs: &mut Vec<Job>,
     ) -> Result<Option<u64>, StoreError> {
@@ -910,9 +947,10 @@ async fn perform(
     tracker: ProcessTracker,
 ) -> Event {
     let timeout = step.options.timeout;
-    let (phase_name, script, stdin) = match &job.kind {
+    let phase_name = job.kind.phase_name();
+    let (script, stdin) = match &job.kind {
         JobKind::Finally { value } => match &step.finally_hook {
-            Some(hook) => ("finally", hook.script.clone(), value.clone()),
+            Some(hook) => (hook.script.clone(), value.clone()),
             None => {
                 return Event::Finally {
                     task: job.task,
@@ -922,22 +960,20 @@ async fn perform(
             }
         },
         JobKind::Phase(Effect::Pre { stdin }) => match &step.pre {
-            Some(hook) => ("pre", hook.script.clone(), stdin.clone()),
-            None => ("pre", "cat".to_string(), stdin.clone()),
+            Some(hook) => (hook.script.clone(), stdin.clone()),
+            None => ("cat".to_string(), stdin.clone()),
         },
         JobKind::Phase(Effect::Post { stdin }) => match &step.post {
-            Some(hook) => ("post", hook.script.clone(), stdin.clone()),
-            None => ("post", "cat".to_string(), stdin.clone()),
+            Some(hook) => (hook.script.clone(), stdin.clone()),
+            None => ("cat".to_string(), stdin.clone()),
         },
         JobKind::Phase(Effect::Action { value }) => match &step.action {
-            Action::Command { script } => {
-                let value: Value = serde_json::from_str(value).unwrap_or(Value::Null);
-                (
-                    "action",
-                    script.clone(),
-                    json!({"kind": step.name, "value": value}).to_string(),
-                )
-            }
+            // The stored value is compact JSON text already: spliced in, not re-parsed, so a
+            // number too large for a float reaches the command as it was written.
+            Action::Command { script } => (
+                script.clone(),
+                format!(r#"{{"kind":{},"value":{value}}}"#, json!(step.name)),
+            ),
             Action::Pool { .. } => {
                 // Pool actions are launched by `Driver::launch`, never here.
                 return Event::Phase {

@@ -5,7 +5,9 @@ pub mod config;
 pub mod driver;
 pub mod instructions;
 pub mod lifecycle;
+pub mod orphans;
 pub mod process;
+pub mod procfs;
 pub mod report;
 pub mod run_lock;
 

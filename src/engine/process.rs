@@ -513,35 +513,12 @@ fn group_alive(pgid: Pid) -> bool {
 /// Whether any non-zombie process is in group `pgid`, or `None` if /proc can't tell us.
 #[cfg(target_os = "linux")]
 fn has_live_member(pgid: Pid) -> Option<bool> {
-    // A /proc from another pid namespace would name other processes: then it can't be trusted.
-    let own = std::fs::read_link("/proc/self").ok()?;
-    if own.to_str()?.parse::<u32>().ok()? != std::process::id() {
-        return None;
-    }
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        // Fails if the process has just gone, which is what we are waiting for anyway.
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // `pid (comm) state ppid pgrp ...`; comm may contain spaces and parentheses.
-        let Some((_, rest)) = stat.rsplit_once(')') else {
-            continue;
-        };
-        let mut fields = rest.split_whitespace();
-        let state = fields.next();
-        let pgrp = fields.nth(1).and_then(|p| p.parse::<i32>().ok());
-        if pgrp == Some(pgid.as_raw()) && !matches!(state, Some("Z" | "X")) {
-            return Some(true);
-        }
-    }
-    Some(false)
+    let processes = super::procfs::processes()?;
+    Some(
+        processes
+            .iter()
+            .any(|p| p.pgrp == pgid.as_raw() && !p.is_zombie()),
+    )
 }
 
 async fn feed(pipe: Option<ChildStdin>, data: Vec<u8>, error: &mut Option<io::Error>) {

@@ -7,7 +7,7 @@ use serde::Serialize;
 use serde_json::Value;
 use ulid::Ulid;
 
-use crate::store::{FinallyState, Reader, RunV1, StoreError, TaskV1};
+use crate::store::{FinallyState, Reader, RunV2, StoreError, TaskV1};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct RunRow {
@@ -25,7 +25,7 @@ pub struct RunRow {
 }
 
 impl RunRow {
-    pub fn new(id: u128, run: &RunV1) -> Self {
+    pub fn new(id: u128, run: &RunV2) -> Self {
         let end = run.ended_ms.unwrap_or(run.updated_ms);
         Self {
             id: Ulid(id).to_string(),

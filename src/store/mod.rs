@@ -116,6 +116,12 @@ impl Store {
                         supported: SCHEMA_VERSION,
                     });
                 }
+                // Version 1 → 2 appended `RunRecord::V2`; version-1 records are upgraded as
+                // they are read, so only the number changes (and an older drover, which cannot
+                // decode V2 records, now refuses the file instead of misreading it).
+                Some(found) if found < SCHEMA_VERSION => {
+                    meta.insert("schema_version", SCHEMA_VERSION)?;
+                }
                 Some(_) => {}
             }
             // Create every table so read-only openers never see a missing one.

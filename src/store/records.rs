@@ -104,6 +104,7 @@ impl RunStatus {
     }
 }
 
+/// A run as version 1 stored it (before the pool was recorded); read and upgraded to [`RunV2`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunV1 {
     pub config_path: String,
@@ -122,6 +123,57 @@ pub struct RunV1 {
     /// Tasks not yet finished (settled with all descendants and finally done). The run ends at 0.
     pub tasks_open: u64,
     pub next_transition: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunV2 {
+    pub config_path: String,
+    /// Where hooks run and links were resolved.
+    pub base_dir: String,
+    /// The config with links inlined, so a resume runs what the run started with.
+    pub config_snapshot: String,
+    pub entrypoint_value: String,
+    pub status: RunStatus,
+    pub started_ms: u64,
+    pub updated_ms: u64,
+    pub ended_ms: Option<u64>,
+    pub tasks_total: u64,
+    pub tasks_completed: u64,
+    pub tasks_failed: u64,
+    /// Tasks not yet finished (settled with all descendants and finally done). The run ends at 0.
+    pub tasks_open: u64,
+    pub next_transition: u64,
+    /// The pool its Pool tasks went to (absent when the workflow has no Pool step): a resume
+    /// must reach the same pool, or work the pool holds would be dispatched again elsewhere.
+    pub pool: Option<PoolRef>,
+}
+
+/// A pool daemon's identity: its name and absolute root directory.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PoolRef {
+    pub name: String,
+    pub root: String,
+}
+
+impl From<RunV1> for RunV2 {
+    fn from(v1: RunV1) -> Self {
+        RunV2 {
+            config_path: v1.config_path,
+            base_dir: v1.base_dir,
+            config_snapshot: v1.config_snapshot,
+            entrypoint_value: v1.entrypoint_value,
+            status: v1.status,
+            started_ms: v1.started_ms,
+            updated_ms: v1.updated_ms,
+            ended_ms: v1.ended_ms,
+            tasks_total: v1.tasks_total,
+            tasks_completed: v1.tasks_completed,
+            tasks_failed: v1.tasks_failed,
+            tasks_open: v1.tasks_open,
+            next_transition: v1.next_transition,
+            pool: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -187,6 +239,7 @@ pub struct HookLogV1 {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum RunRecord {
     V1(RunV1),
+    V2(RunV2),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -229,7 +282,19 @@ macro_rules! versioned {
     };
 }
 
-versioned!(RunRecord, RunV1, "run");
+impl Versioned for RunRecord {
+    type Current = RunV2;
+    const NAME: &'static str = "run";
+    fn wrap(current: RunV2) -> Self {
+        RunRecord::V2(current)
+    }
+    fn into_current(self) -> RunV2 {
+        match self {
+            RunRecord::V1(v1) => v1.into(),
+            RunRecord::V2(current) => current,
+        }
+    }
+}
 versioned!(TaskRecord, TaskV1, "task");
 versioned!(TransitionRecord, TransitionV1, "transition");
 versioned!(HookLogRecord, HookLogV1, "hook log");
@@ -275,6 +340,53 @@ mod tests {
         };
         let bytes = encode::<TaskRecord>(task.clone()).unwrap();
         assert_eq!(decode::<TaskRecord>(&bytes).unwrap(), task);
+    }
+
+    #[test]
+    fn a_version_1_run_reads_as_version_2_without_a_pool() {
+        let v1 = RunV1 {
+            config_path: "flow/workflow.jsonc".into(),
+            base_dir: "/work/flow".into(),
+            config_snapshot: "{}".into(),
+            entrypoint_value: "{}".into(),
+            status: RunStatus::Interrupted,
+            started_ms: 1,
+            updated_ms: 2,
+            ended_ms: None,
+            tasks_total: 5,
+            tasks_completed: 3,
+            tasks_failed: 1,
+            tasks_open: 1,
+            next_transition: 9,
+        };
+        let bytes = postcard::to_stdvec(&RunRecord::V1(v1.clone())).unwrap();
+        let read = decode::<RunRecord>(&bytes).unwrap();
+        assert_eq!(read.pool, None);
+        assert_eq!(
+            (
+                read.config_path.as_str(),
+                read.base_dir.as_str(),
+                read.status
+            ),
+            ("flow/workflow.jsonc", "/work/flow", RunStatus::Interrupted)
+        );
+        assert_eq!(
+            (
+                read.tasks_total,
+                read.tasks_completed,
+                read.tasks_failed,
+                read.tasks_open,
+                read.next_transition
+            ),
+            (5, 3, 1, 1, 9)
+        );
+        // Written back as the current version, and read the same.
+        let rewritten = encode::<RunRecord>(read.clone()).unwrap();
+        assert!(matches!(
+            postcard::from_bytes::<RunRecord>(&rewritten).unwrap(),
+            RunRecord::V2(_)
+        ));
+        assert_eq!(decode::<RunRecord>(&rewritten).unwrap(), read);
     }
 
     #[test]

@@ -29,4 +29,4 @@ pub const HOOK_LOGS: TableDefinition<(u128, u128, u64), &[u8]> = TableDefinition
 /// The in-flight index code for a running finally hook (phase codes are 0–5).
 pub const FINALLY_CODE: u8 = 9;
 
-pub const SCHEMA_VERSION: u64 = 1;
+pub const SCHEMA_VERSION: u64 = 2;

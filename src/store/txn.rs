@@ -4,7 +4,7 @@ use redb::{ReadOnlyTable, ReadTransaction, ReadableTable, Table, WriteTransactio
 
 use super::StoreError;
 use super::records::{
-    HookLogRecord, HookLogV1, RunRecord, RunV1, TaskRecord, TaskV1, TransitionRecord, TransitionV1,
+    HookLogRecord, HookLogV1, RunRecord, RunV2, TaskRecord, TaskV1, TransitionRecord, TransitionV1,
     decode, encode,
 };
 use super::tables::*;
@@ -35,14 +35,14 @@ impl<'t> Writer<'t> {
         })
     }
 
-    pub fn run(&self, run: u128) -> Result<Option<RunV1>, StoreError> {
+    pub fn run(&self, run: u128) -> Result<Option<RunV2>, StoreError> {
         match self.runs.get(run)? {
             Some(bytes) => Ok(Some(decode::<RunRecord>(bytes.value())?)),
             None => Ok(None),
         }
     }
 
-    pub fn put_run(&mut self, run: u128, record: &RunV1) -> Result<(), StoreError> {
+    pub fn put_run(&mut self, run: u128, record: &RunV2) -> Result<(), StoreError> {
         let bytes = encode::<RunRecord>(record.clone())?;
         self.runs.insert(run, bytes.as_slice())?;
         Ok(())
@@ -143,7 +143,7 @@ impl<'t> Writer<'t> {
     pub fn transition(
         &mut self,
         run_id: u128,
-        run: &mut RunV1,
+        run: &mut RunV2,
         record: TransitionV1,
     ) -> Result<u64, StoreError> {
         let seq = run.next_transition;
@@ -200,7 +200,7 @@ impl Reader {
     }
 
     /// Every run, newest first, without touching task records.
-    pub fn runs(&self) -> Result<Vec<(u128, RunV1)>, StoreError> {
+    pub fn runs(&self) -> Result<Vec<(u128, RunV2)>, StoreError> {
         let table = self.table(RUNS)?;
         let mut out = Vec::new();
         for entry in table.iter()?.rev() {
@@ -210,7 +210,7 @@ impl Reader {
         Ok(out)
     }
 
-    pub fn run(&self, run: u128) -> Result<Option<RunV1>, StoreError> {
+    pub fn run(&self, run: u128) -> Result<Option<RunV2>, StoreError> {
         let table = self.table(RUNS)?;
         match table.get(run)? {
             Some(bytes) => Ok(Some(decode::<RunRecord>(bytes.value())?)),

@@ -11,6 +11,8 @@ use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 use std::os::unix::process::CommandExt;
 
+pub mod soak;
+
 /// How often conditions are polled.
 pub const POLL: Duration = Duration::from_millis(20);
 
@@ -110,4 +112,46 @@ impl Drop for Proc {
         self.kill();
     }
 }
-pub mod soak;
+
+/// A finished process: its exit status and what it printed.
+pub struct Done {
+    pub status: ExitStatus,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Done {
+    #[track_caller]
+    pub fn of(mut proc: Proc, deadline: Duration) -> Done {
+        let status = proc.wait_within(deadline);
+        Done {
+            status,
+            stdout: proc.stdout(),
+            stderr: proc.stderr(),
+        }
+    }
+
+    #[track_caller]
+    pub fn assert_code(&self, code: i32) {
+        assert_eq!(
+            self.status.code(),
+            Some(code),
+            "exit status {}; stderr:\n{}",
+            self.status,
+            self.stderr
+        );
+    }
+}
+
+/// Polls `condition` until it holds, failing the test after `deadline`.
+#[track_caller]
+pub fn wait_until(what: &str, deadline: Duration, mut condition: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !condition() {
+        assert!(
+            started.elapsed() < deadline,
+            "timed out after {deadline:?} waiting until {what}"
+        );
+        std::thread::sleep(POLL);
+    }
+}

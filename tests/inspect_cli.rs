@@ -7,7 +7,7 @@ use std::process::{Child, Command as StdCommand, Stdio};
 use std::time::{Duration, Instant};
 
 use assert_cmd::Command;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 fn drover() -> Command {
     Command::cargo_bin("drover").unwrap()
@@ -124,15 +124,12 @@ fn inspect_json_of_a_finished_run_matches_the_snapshot() {
     insta::assert_json_snapshot!("run_report_with_tree", report);
 
     let tree = inspect_json(&state, &[&run_id, "--tree"]);
-    let failed = tree["tree"][0]["children"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["state"] == "failed")
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let rows = tree["tree"].as_array().unwrap();
+    let root_id = rows[0]["id"].clone();
+    assert_eq!((rows.len(), &rows[0]["parent"]), (3, &Value::Null));
+    let failed = rows.iter().find(|row| row["state"] == "failed").unwrap();
+    assert_eq!((&failed["parent"], &failed["depth"]), (&root_id, &json!(1)));
+    let failed = failed["id"].as_str().unwrap().to_string();
     let mut task = inspect_json(&state, &[&run_id, "--task", &failed]);
     let seqs: Vec<u64> = task["transitions"]
         .as_array()
@@ -266,4 +263,75 @@ fn a_store_written_by_a_newer_drover_is_refused_with_both_versions() {
         "{}",
         String::from_utf8_lossy(&run.stderr)
     );
+}
+
+/// A step that re-emits itself `n` times: a chain as deep as a long polling loop makes.
+const CHAIN: &str = r#"{
+  "entrypoint": "Poll",
+  "steps": [
+    {"name": "Poll", "value_schema": {"type": "object", "required": ["n"]},
+     "action": {"kind": "Command", "script": "awk -F'[:}]' '{n = $(NF-2) + 0; if (n > 0) printf \"[{\\\"kind\\\":\\\"Poll\\\",\\\"value\\\":{\\\"n\\\":%d}}]\\n\", n - 1; else print \"[]\"}'"},
+     "next": ["Poll"]}
+  ]
+}"#;
+
+#[test]
+fn the_tree_of_a_chain_deeper_than_json_parsers_nest_is_flat_and_printed_with_bounded_indent() {
+    const DEPTH: usize = 300;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_workflow(dir.path(), CHAIN);
+    let state = dir.path().join("state");
+    drover()
+        .arg("run")
+        .arg("--config")
+        .arg(&config)
+        .arg("--entrypoint-value")
+        .arg(format!(r#"{{"n": {}}}"#, DEPTH - 1))
+        .arg("--state-dir")
+        .arg(&state)
+        .assert()
+        .success();
+    let runs = inspect_json(&state, &[]);
+    let run_id = runs[0]["id"].as_str().unwrap().to_string();
+    assert_eq!(runs[0]["tasks_total"], DEPTH);
+
+    // serde_json refuses nesting beyond 128 levels: this parses only because it is flat.
+    let report = inspect_json(&state, &[&run_id, "--tree"]);
+    let rows = report["tree"].as_array().unwrap();
+    assert_eq!(rows.len(), DEPTH);
+    for (depth, row) in rows.iter().enumerate() {
+        assert_eq!(row["depth"], depth, "{row}");
+        let parent = if depth == 0 {
+            Value::Null
+        } else {
+            rows[depth - 1]["id"].clone()
+        };
+        assert_eq!(row["parent"], parent, "{row}");
+        assert_eq!(row["state"], "completed", "{row}");
+    }
+
+    let text = drover()
+        .arg("inspect")
+        .arg(&run_id)
+        .arg("--tree")
+        .arg("--state-dir")
+        .arg(&state)
+        .output()
+        .unwrap();
+    assert!(text.status.success());
+    let text = String::from_utf8(text.stdout).unwrap();
+    let tree: Vec<&str> = text
+        .lines()
+        .skip_while(|l| *l != "task tree:")
+        .skip(1)
+        .collect();
+    assert_eq!(tree.len(), DEPTH, "{text}");
+    let widest = tree.iter().map(|l| l.chars().count()).max().unwrap();
+    assert!(widest < 160, "a line {widest} characters wide:\n{text}");
+    assert!(
+        tree[DEPTH - 1].ends_with(&format!("(depth {})", DEPTH - 1)),
+        "{}",
+        tree[DEPTH - 1]
+    );
+    assert!(tree[1].starts_with("└─ Poll "), "{}", tree[1]);
 }

@@ -12,7 +12,7 @@ use ulid::Ulid;
 use super::exit::{CliError, CliResult};
 use super::locations::StateDirArg;
 use crate::engine::report::{
-    self, RunReport, RunRow, TaskReport, TreeNode, format_duration, format_utc,
+    self, RunReport, RunRow, TaskReport, TreeRow, format_duration, format_utc,
 };
 use crate::engine::run_lock::RunLock;
 use crate::store::{self, RunStatus};
@@ -197,53 +197,55 @@ fn print_run(report: &RunReport) {
     if let Some(tree) = &report.tree {
         println!("task tree:");
         let mut out = String::new();
-        for root in tree {
-            render_tree(root, "", true, true, &mut out);
-        }
+        render_tree(tree, &mut out);
         print!("{out}");
     }
 }
 
-/// Draws the tree with an explicit stack so that deep chains cannot overflow.
-fn render_tree(root: &TreeNode, prefix: &str, last: bool, top: bool, out: &mut String) {
-    let mut stack: Vec<(&TreeNode, String, bool, bool)> =
-        vec![(root, prefix.to_string(), last, top)];
-    while let Some((node, prefix, last, top)) = stack.pop() {
-        let branch = if top {
-            ""
-        } else if last {
-            "└─ "
-        } else {
-            "├─ "
+/// Beyond this depth lines are no longer indented (a 10,000-step chain would otherwise print
+/// 30,000 columns of guides per line); the depth is written out instead.
+const MAX_INDENT: usize = 24;
+
+/// Draws the depth-first rows with box-drawing guides.
+fn render_tree(rows: &[TreeRow], out: &mut String) {
+    // For each depth on the current path: whether that ancestor was the last of its siblings.
+    let mut lasts: Vec<bool> = Vec::new();
+    for row in rows {
+        lasts.truncate(row.depth);
+        let mut prefix = String::new();
+        for &last in lasts.iter().skip(1).take(MAX_INDENT) {
+            prefix.push_str(if last { "   " } else { "│  " });
+        }
+        let deep = row.depth > MAX_INDENT + 1;
+        if deep {
+            prefix.push_str("… ");
+        }
+        lasts.push(row.last);
+        let branch = match (row.depth, row.last) {
+            (0, _) => "",
+            (_, true) => "└─ ",
+            (_, false) => "├─ ",
         };
-        let attempt = if node.attempt > 1 {
-            format!(" (attempt {})", node.attempt)
+        let depth = if deep {
+            format!(" (depth {})", row.depth)
         } else {
             String::new()
         };
-        let finally = node
+        let attempt = if row.attempt > 1 {
+            format!(" (attempt {})", row.attempt)
+        } else {
+            String::new()
+        };
+        let finally = row
             .finally
             .as_ref()
             .map(|f| format!(" [finally {f}]"))
             .unwrap_or_default();
         let _ = writeln!(
             out,
-            "{prefix}{branch}{} {} {}{attempt}{finally}",
-            node.step, node.id, node.state
+            "{prefix}{branch}{} {} {}{attempt}{finally}{depth}",
+            row.step, row.id, row.state
         );
-        let child_prefix = if top {
-            prefix.clone()
-        } else {
-            format!("{prefix}{}", if last { "   " } else { "│  " })
-        };
-        for (i, child) in node.children.iter().enumerate().rev() {
-            stack.push((
-                child,
-                child_prefix.clone(),
-                i + 1 == node.children.len(),
-                false,
-            ));
-        }
     }
 }
 

@@ -69,15 +69,23 @@ pub struct Failure {
     pub error: String,
 }
 
+/// One task of a run's tree. The tree is a flat list in depth-first order (a parent before its
+/// children, siblings in creation order) with each task's parent and depth: a polling step that
+/// re-emits itself makes chains thousands deep, and nested JSON that deep overflows stacks and
+/// the recursion limits of JSON parsers, while a flat list is as easy to read as a fan-out.
 #[derive(Debug, Clone, Serialize)]
-pub struct TreeNode {
+pub struct TreeRow {
     pub id: String,
+    pub parent: Option<String>,
+    pub depth: usize,
     pub step: String,
     pub state: &'static str,
     pub attempt: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finally: Option<String>,
-    pub children: Vec<TreeNode>,
+    /// The last of its siblings (for drawing).
+    #[serde(skip)]
+    pub last: bool,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -87,7 +95,7 @@ pub struct RunReport {
     pub failures: Vec<Failure>,
     pub finally_failures: Vec<Failure>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub tree: Option<Vec<TreeNode>>,
+    pub tree: Option<Vec<TreeRow>>,
 }
 
 pub fn run_report(
@@ -155,53 +163,45 @@ fn finally_label(state: &FinallyState) -> Option<String> {
     }
 }
 
-fn build_tree(tasks: Vec<(u128, TaskV1)>) -> Vec<TreeNode> {
+fn build_tree(tasks: Vec<(u128, TaskV1)>) -> Vec<TreeRow> {
     let mut children: HashMap<Option<u128>, Vec<u128>> = HashMap::new();
     let mut by_id: HashMap<u128, TaskV1> = HashMap::with_capacity(tasks.len());
     for (id, task) in tasks {
         children.entry(task.parent).or_default().push(id);
         by_id.insert(id, task);
     }
-    // Iterative, so a deep chain cannot overflow the stack.
-    fn node(id: u128, task: &TaskV1) -> TreeNode {
-        TreeNode {
+    let mut rows = Vec::with_capacity(by_id.len());
+    // (task, depth, last among its siblings); children pushed in reverse so that they pop in
+    // creation order.
+    let mut stack: Vec<(u128, usize, bool)> = Vec::new();
+    let push_children = |stack: &mut Vec<_>, kids: Vec<u128>, depth: usize| {
+        let count = kids.len();
+        for (i, kid) in kids.into_iter().enumerate().rev() {
+            stack.push((kid, depth, i + 1 == count));
+        }
+    };
+    push_children(&mut stack, children.remove(&None).unwrap_or_default(), 0);
+    while let Some((id, depth, last)) = stack.pop() {
+        let Some(task) = by_id.remove(&id) else {
+            continue;
+        };
+        push_children(
+            &mut stack,
+            children.remove(&Some(id)).unwrap_or_default(),
+            depth + 1,
+        );
+        rows.push(TreeRow {
             id: Ulid(id).to_string(),
-            step: task.step.clone(),
+            parent: task.parent.map(|p| Ulid(p).to_string()),
+            depth,
+            step: task.step,
             state: task.phase.as_str(),
             attempt: task.attempt,
             finally: finally_label(&task.finally),
-            children: Vec::new(),
-        }
+            last,
+        });
     }
-    let roots = children.remove(&None).unwrap_or_default();
-    let mut out = Vec::new();
-    for root in roots {
-        let Some(task) = by_id.get(&root) else {
-            continue;
-        };
-        let mut stack: Vec<(TreeNode, Vec<u128>)> = vec![(
-            node(root, task),
-            children.remove(&Some(root)).unwrap_or_default(),
-        )];
-        while let Some((_, pending)) = stack.last_mut() {
-            if let Some(next) = pending.pop() {
-                if let Some(task) = by_id.get(&next) {
-                    let kids = children.remove(&Some(next)).unwrap_or_default();
-                    stack.push((node(next, task), kids.into_iter().rev().collect()));
-                }
-                continue;
-            }
-            let Some((mut finished, _)) = stack.pop() else {
-                break;
-            };
-            finished.children.reverse();
-            match stack.last_mut() {
-                Some((parent, _)) => parent.children.push(finished),
-                None => out.push(finished),
-            }
-        }
-    }
-    out
+    rows
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -5,6 +5,7 @@ use std::fs;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use drover::engine::procfs;
 use drover::store::Store;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -31,40 +32,25 @@ impl Rng {
     }
 }
 
-/// Live processes whose environment holds `needle` (zombies have an empty environ).
-pub fn tagged_processes(needle: &[u8]) -> Vec<Pid> {
-    let Ok(entries) = fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for entry in entries.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<i32>().ok())
-        else {
-            continue;
-        };
-        let Ok(environ) = fs::read(entry.path().join("environ")) else {
-            continue;
-        };
-        if environ.windows(needle.len()).any(|w| w == needle) {
-            out.push(Pid::from_raw(pid));
-        }
-    }
-    out
+/// Live processes whose environment sets `var` to `tag` (zombies have an empty environ).
+pub fn tagged_processes(var: &str, tag: &str) -> Vec<Pid> {
+    procfs::processes()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|p| p.env_var(var).as_deref() == Some(tag))
+        .map(|p| Pid::from_raw(p.pid))
+        .collect()
 }
 
 /// SIGKILLs every process whose environment holds `VAR=TAG` until two scans in a row find
 /// none: after this, nothing a killed runner started can write any more. Returns how many
 /// were killed.
 pub fn sweep(var: &str, tag: &str) -> Result<usize, String> {
-    let needle = format!("{var}={tag}\0").into_bytes();
     let deadline = Instant::now() + SWEEP_DEADLINE;
     let mut killed = 0;
     let mut quiet_scans = 0;
     while quiet_scans < 2 {
-        let pids = tagged_processes(&needle);
+        let pids = tagged_processes(var, tag);
         if pids.is_empty() {
             quiet_scans += 1;
         } else {
@@ -78,7 +64,7 @@ pub fn sweep(var: &str, tag: &str) -> Result<usize, String> {
         if Instant::now() > deadline {
             return Err(format!(
                 "processes tagged {var}={tag} survive SIGKILL: {:?}",
-                tagged_processes(&needle)
+                tagged_processes(var, tag)
             ));
         }
         std::thread::sleep(SWEEP_POLL);

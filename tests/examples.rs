@@ -19,13 +19,13 @@ use std::fs::{self};
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use drover::store::{FinallyState, Phase, RunStatus, RunV2, Store, TaskV1};
 use serde_json::{Value, json};
 
 mod common;
-use common::{POLL, Proc};
+use common::{Done, Proc, wait_until};
 
 /// Generous bound for a whole example run (the retries example takes about 3 s).
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -52,35 +52,6 @@ fn drover_bin() -> PathBuf {
 
 fn pool_bin() -> PathBuf {
     assert_cmd::cargo::cargo_bin("drover-pool")
-}
-
-/// A finished command.
-struct Done {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl Done {
-    fn describe(&self) -> String {
-        format!(
-            "exit code {:?}\n--- stdout:\n{}\n--- stderr:\n{}",
-            self.code, self.stdout, self.stderr
-        )
-    }
-}
-
-/// Polls `condition` until it holds, failing the test after `deadline`.
-#[track_caller]
-fn wait_until(what: &str, deadline: Duration, mut condition: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !condition() {
-        assert!(
-            started.elapsed() < deadline,
-            "timed out after {deadline:?} waiting until {what}"
-        );
-        std::thread::sleep(POLL);
-    }
 }
 
 #[track_caller]
@@ -145,13 +116,7 @@ impl Env {
 
     #[track_caller]
     fn finish(&self, command: Command, label: &str) -> Done {
-        let mut proc = self.spawn(command, label);
-        let status = proc.wait_within(DEADLINE);
-        Done {
-            code: status.code(),
-            stdout: proc.stdout(),
-            stderr: proc.stderr(),
-        }
+        Done::of(self.spawn(command, label), DEADLINE)
     }
 
     /// `drover run --config examples/NAME/workflow.jsonc --state-dir STATE --entrypoint-value V`.
@@ -340,7 +305,7 @@ fn every_run_sh_and_script_is_executable_and_posix_sh() {
 fn linear_runs_greet_shout_print() {
     let env = Env::new();
     let done = env.run_example("linear", r#"{"name": "drover"}"#);
-    assert_eq!(done.code, Some(0), "{}", done.describe());
+    done.assert_code(0);
     let (run, tasks) = env.newest_run();
     assert_eq!(run.status, RunStatus::Completed);
     assert_eq!(counts(&run), (3, 3, 0));
@@ -353,7 +318,7 @@ fn linear_runs_greet_shout_print() {
 fn hooks_succeeds_with_a_stamped_value() {
     let env = Env::new();
     let done = env.run_example("hooks", r#"{"name": "drover"}"#);
-    assert_eq!(done.code, Some(0), "{}", done.describe());
+    done.assert_code(0);
     let (run, tasks) = env.newest_run();
     assert_eq!(counts(&run), (2, 2, 0));
     let done_value = value(only(&tasks, "Done"));
@@ -370,7 +335,7 @@ fn hooks_succeeds_with_a_stamped_value() {
 fn hooks_fail_spawns_recover_after_the_last_attempt() {
     let env = Env::new();
     let done = env.run_example("hooks", r#"{"name": "drover", "fail": true}"#);
-    assert_eq!(done.code, Some(1), "{}", done.describe());
+    done.assert_code(1);
     let (run, tasks) = env.newest_run();
     assert_eq!(run.status, RunStatus::Failed);
     assert_eq!(counts(&run), (2, 1, 1));
@@ -383,7 +348,7 @@ fn hooks_fail_spawns_recover_after_the_last_attempt() {
 fn retries_recovers_from_everything() {
     let env = Env::new();
     let done = env.run_example("retries", "{}");
-    assert_eq!(done.code, Some(0), "{}", done.describe());
+    done.assert_code(0);
     let (run, tasks) = env.newest_run();
     assert_eq!(run.status, RunStatus::Completed);
     assert_eq!(counts(&run), (6, 6, 0));
@@ -416,7 +381,7 @@ fn retries_recovers_from_everything() {
 fn retries_slow_times_out_once_and_is_not_retried() {
     let env = Env::new();
     let done = env.run_example("retries", r#"{"slow": true}"#);
-    assert_eq!(done.code, Some(1), "{}", done.describe());
+    done.assert_code(1);
     let (run, tasks) = env.newest_run();
     assert_eq!(run.status, RunStatus::Failed);
     assert_eq!(counts(&run), (6, 5, 1));
@@ -436,7 +401,7 @@ fn linear_run_sh_runs_with_the_built_drover_from_anywhere() {
         .env("DROVER", drover_bin())
         .env("DROVER_STATE_DIR", env.state());
     let done = env.finish(command, "run.sh");
-    assert_eq!(done.code, Some(0), "{}", done.describe());
+    done.assert_code(0);
     assert_has(&done.stdout, "run.sh: examples/linear");
     let (run, tasks) = env.newest_run();
     assert_eq!(counts(&run), (3, 3, 0));
@@ -455,7 +420,7 @@ fn fan_out_run_sh_starts_and_stops_a_private_pool() {
         .env("DROVER_POOL_BIN", pool_bin())
         .env("DROVER_STATE_DIR", env.state());
     let done = env.finish(command, "run.sh");
-    assert_eq!(done.code, Some(0), "{}", done.describe());
+    done.assert_code(0);
     assert_has(&done.stdout, "starting a private pool daemon");
     let (run, tasks) = env.newest_run();
     assert_eq!(counts(&run), (5, 5, 0));
@@ -489,7 +454,12 @@ fn pool_run_sh_without_a_daemon_explains_what_to_start() {
             .env("DROVER_ROOT", env.root())
             .env("DROVER_STATE_DIR", env.state());
         let done = env.finish(command, "run.sh");
-        assert_eq!(done.code, Some(1), "{example}: {}", done.describe());
+        assert_eq!(
+            done.status.code(),
+            Some(1),
+            "{example}: {}",
+            done.describe()
+        );
         assert_has(&done.stderr, "no pool daemon is running");
         assert_has(&done.stderr, "drover-pool start");
         assert_has(&done.stderr, "drover-pool protocol --name agent-1");

@@ -131,15 +131,16 @@ impl Done {
         }
     }
 
+    pub fn describe(&self) -> String {
+        format!(
+            "exit status {}\n--- stdout:\n{}\n--- stderr:\n{}",
+            self.status, self.stdout, self.stderr
+        )
+    }
+
     #[track_caller]
     pub fn assert_code(&self, code: i32) {
-        assert_eq!(
-            self.status.code(),
-            Some(code),
-            "exit status {}; stderr:\n{}",
-            self.status,
-            self.stderr
-        );
+        assert_eq!(self.status.code(), Some(code), "{}", self.describe());
     }
 }
 

@@ -2,13 +2,16 @@
 //! root. Every spawned process is owned by a guard that kills it on drop; waits poll for a
 //! condition with a generous deadline instead of sleeping.
 
+use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use drover::pool::protocol::{AgentMessage, AnswerOutcome, PoolTask, Reply, Request, TaskRef};
+use drover::pool::protocol::{
+    AgentMessage, AnswerOutcome, PoolTask, Reply, Request, TaskKey, TaskRef,
+};
 use serde_json::{Value, json};
 
 mod common;
@@ -366,6 +369,8 @@ struct TestRunner {
     reader: BufReader<UnixStream>,
     writer: UnixStream,
     run_id: String,
+    /// Answers read while waiting for a request's confirmation.
+    answers: VecDeque<(TaskKey, AnswerOutcome, bool)>,
 }
 
 impl TestRunner {
@@ -380,6 +385,7 @@ impl TestRunner {
             reader: BufReader::new(stream.try_clone().expect("clone")),
             writer: stream,
             run_id: run_id.clone(),
+            answers: VecDeque::new(),
         };
         runner.send(&Request::Runner { run_id });
         runner
@@ -391,9 +397,10 @@ impl TestRunner {
         self.writer.write_all(&line).expect("sent");
     }
 
+    /// Submits a task and waits until the pool has committed it.
     fn submit(&mut self, value: Value) -> String {
         let task_id = ulid::Ulid::generate().to_string();
-        self.send(&Request::Submit {
+        self.send_confirmed(&Request::Submit {
             tasks: vec![PoolTask {
                 run_id: self.run_id.clone(),
                 task_id: task_id.clone(),
@@ -409,13 +416,52 @@ impl TestRunner {
         task_id
     }
 
-    fn answer(&mut self) -> (String, AnswerOutcome) {
-        let mut line = String::new();
-        self.reader.read_line(&mut line).expect("an answer arrives");
-        match serde_json::from_str(&line).expect("a reply") {
-            Reply::Answer { key, outcome, .. } => (key.task_id, outcome),
-            other => panic!("expected an answer, got {other:?}"),
+    fn key(&self, task_id: &str) -> TaskKey {
+        TaskKey {
+            run_id: self.run_id.clone(),
+            task_id: task_id.to_string(),
+            attempt: 1,
         }
+    }
+
+    fn reply(&mut self) -> Reply {
+        let mut line = String::new();
+        self.reader.read_line(&mut line).expect("a reply arrives");
+        serde_json::from_str(&line).expect("a reply")
+    }
+
+    /// Sends `request` and waits for the daemon's confirmation that it is committed (`Ok`:
+    /// each request on a runner connection gets one, in order).
+    fn send_confirmed(&mut self, request: &Request) {
+        self.send(request);
+        loop {
+            match self.reply() {
+                Reply::Ok => return,
+                Reply::Answer { key, outcome, late } => {
+                    self.answers.push_back((key, outcome, late));
+                }
+                other => panic!("expected Ok, got {other:?}"),
+            }
+        }
+    }
+
+    /// The next answer (confirmations skipped): its key, outcome and `late` flag.
+    fn answer_full(&mut self) -> (TaskKey, AnswerOutcome, bool) {
+        if let Some(answer) = self.answers.pop_front() {
+            return answer;
+        }
+        loop {
+            match self.reply() {
+                Reply::Ok => {}
+                Reply::Answer { key, outcome, late } => return (key, outcome, late),
+                other => panic!("expected an answer, got {other:?}"),
+            }
+        }
+    }
+
+    fn answer(&mut self) -> (String, AnswerOutcome) {
+        let (key, outcome, _) = self.answer_full();
+        (key.task_id, outcome)
     }
 }
 
@@ -552,4 +598,70 @@ fn an_agent_connection_serves_task_after_task() {
         refused["message"].as_str().unwrap_or_default(),
         "only GetTask",
     );
+}
+
+/// Each request on a runner connection is confirmed with `Ok` once the pool has committed it,
+/// and a recall or an ack sent again (as a runner does after losing its connection before the
+/// confirmation) is confirmed again and changes nothing.
+#[test]
+fn runner_requests_are_confirmed_and_repeated_recalls_and_acks_change_nothing() {
+    let pool = Pool::new();
+    let _daemon = pool.start();
+    let mut runner = TestRunner::connect(&pool);
+    let counts = |pool: &Pool| {
+        let status = pool.status_json().expect("status");
+        (
+            status["queued"].as_u64().expect("queued"),
+            status["assigned"].as_u64().expect("assigned"),
+            status["undelivered"].as_u64().expect("undelivered"),
+        )
+    };
+
+    let recalled = runner.submit(json!({"n": 1}));
+    assert_eq!(counts(&pool), (1, 0, 0), "the confirmed submit is queued");
+    let key = runner.key(&recalled);
+    for _ in 0..2 {
+        runner.send_confirmed(&Request::Recall {
+            run_id: key.run_id.clone(),
+            task_id: key.task_id.clone(),
+            attempt: key.attempt,
+        });
+        assert_eq!(counts(&pool), (0, 0, 0), "the recalled task left the queue");
+    }
+
+    let answered = runner.submit(json!({"n": 2}));
+    let done = pool.run("get-task", &["--name", "a"]);
+    let AgentMessage::Task {
+        task_id,
+        response_file,
+        ..
+    } = one_message(&done.stdout)
+    else {
+        panic!("expected a task: {}", done.stdout)
+    };
+    assert_eq!(task_id, answered, "the recalled task is not handed out");
+    std::fs::write(&response_file, "[]").expect("answer written");
+    let (key, outcome, late) = runner.answer_full();
+    assert_eq!(key, runner.key(&answered));
+    assert_eq!(outcome, AnswerOutcome::Answered { text: "[]".into() });
+    assert!(!late);
+    assert_eq!(counts(&pool), (0, 0, 1), "kept until acknowledged");
+    for _ in 0..2 {
+        runner.send_confirmed(&Request::Ack {
+            keys: vec![key.clone()],
+        });
+        assert_eq!(
+            counts(&pool),
+            (0, 0, 0),
+            "the acknowledged answer is forgotten"
+        );
+        assert!(!Path::new(&response_file).exists(), "its file is removed");
+    }
+    // A recall that comes after the answer was acknowledged changes nothing either.
+    runner.send_confirmed(&Request::Recall {
+        run_id: key.run_id.clone(),
+        task_id: key.task_id.clone(),
+        attempt: key.attempt,
+    });
+    assert_eq!(counts(&pool), (0, 0, 0));
 }

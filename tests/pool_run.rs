@@ -945,6 +945,98 @@ echo '[{"kind":"Leaf","value":{"late":true}}]'"#,
     );
 }
 
+/// The pid of the process whose arguments are exactly `args` (a test's own daemon: its
+/// arguments name the test's unique temporary root).
+fn pid_with_args(args: &[&str]) -> Option<nix::unistd::Pid> {
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let argv: Vec<&[u8]> = cmdline.split(|b| *b == 0).skip(1).collect();
+        let wanted = args.iter().map(|a| a.as_bytes()).chain([&b""[..]]);
+        if argv.len() == args.len() + 1 && argv.iter().copied().eq(wanted) {
+            return Some(nix::unistd::Pid::from_raw(pid));
+        }
+    }
+    None
+}
+
+/// §4 ("once running, it rides out a daemon restart … and nothing is lost"): a recall the
+/// runner wrote to a daemon that died before reading it is sent again after reconnecting.
+/// The daemon is stopped (SIGSTOP) while the task waits in its queue, so the recall the action
+/// timeout sends sits unread in the socket when the daemon is SIGKILLed. Lost, the task would
+/// stay queued in the restarted pool and be handed to the next agent, though the run gave it up.
+#[test]
+fn a_recall_lost_with_a_killed_daemon_is_sent_again_after_reconnecting() {
+    let env = Env::new();
+    let mut daemon = env.start_daemon();
+    let config = env.write_config(&json!({
+        "steps": [
+            pool_step("Slow", &[], json!({"timeout": 1, "max_retries": 0})),
+            {
+                "name": "Hold",
+                "action": {"kind": "Command", "script": format!("cat >/dev/null; {RELEASE_WAIT}; echo '[]'")},
+                "next": []
+            }
+        ]
+    }));
+    let mut run = env.spawn_run(
+        &config,
+        &[
+            "--initial-state",
+            r#"[{"kind": "Slow", "value": {}}, {"kind": "Hold", "value": {}}]"#,
+        ],
+    );
+    wait_until("the pool task is queued", DEADLINE, || {
+        run.assert_alive();
+        env.status_json().is_some_and(|s| s["queued"] == 1)
+    });
+    let pid = pid_with_args(&["start", "--root", env.root()]).expect("the daemon's pid");
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("daemon stopped");
+    wait_until("the action timed out", DEADLINE, || {
+        run.assert_alive();
+        env.read_run().is_some_and(|state| {
+            state
+                .of_step("Slow")
+                .first()
+                .is_some_and(|(_, t)| t.phase == Phase::Failed)
+        })
+    });
+    daemon.kill();
+    let _daemon = env.start_daemon();
+    wait_until(
+        "the restarted pool forgets the recalled task",
+        DEADLINE,
+        || {
+            run.assert_alive();
+            env.status_json()
+                .is_some_and(|s| s["queued"] == 0 && s["assigned"] == 0)
+        },
+    );
+    // An agent now gets nothing: the task was not left to be handed out.
+    let mut agent = env.agent("late", LOG_AND_ANSWER_EMPTY);
+    env.wait_idle(&["late".to_string()]);
+
+    std::fs::write(env.release(), "").expect("release file");
+    let done = Done::of(run, DEADLINE);
+    assert_exit(&done, 1);
+    assert_has(&done.stderr, "reconnecting");
+    let state = env.run_state();
+    let (_, task) = state.only("Slow");
+    assert_eq!((task.phase, task.attempt), (Phase::Failed, 1));
+    assert_eq!(task.error.as_deref(), Some("Timeout"));
+    agent.assert_alive();
+    assert!(
+        log_lines(&env.agent_log()).is_empty(),
+        "no agent was handed the recalled task"
+    );
+    let status = env.status_json().expect("status");
+    assert_eq!(status["queued"], 0, "{status}");
+}
+
 /// §4: an agent that calls get-task again while holding an unanswered task abandons it; the
 /// task gets `Error{"agent requested a new task without answering"}` (and, retries allowing,
 /// its next attempt goes to the next waiting agent — here that same get-task).

@@ -406,25 +406,27 @@ impl State {
                 reply,
                 runner,
             } => {
+                let to_runner = runner.clone();
                 let answer = self.request(request, runner);
-                if let (Some(tx), Some(answer)) = (reply, answer) {
-                    self.out.push(Outgoing::Reply(tx, answer));
+                match (reply, to_runner) {
+                    (Some(tx), _) => self.out.push(Outgoing::Reply(tx, answer)),
+                    // Every request on a runner connection is answered, in order and only once
+                    // committed: the runner counts the replies to know which recalls and acks
+                    // are safe in the pool's file and which to send again after a reconnect.
+                    (None, Some(tx)) => self.out.push(Outgoing::Runner(tx, answer)),
+                    (None, None) => {}
                 }
             }
         }
     }
 
-    fn request(
-        &mut self,
-        request: Request,
-        runner: Option<mpsc::UnboundedSender<Reply>>,
-    ) -> Option<Reply> {
+    fn request(&mut self, request: Request, runner: Option<mpsc::UnboundedSender<Reply>>) -> Reply {
         match request {
             Request::Submit { tasks } => {
                 for task in tasks {
                     let key = match parse_key(&task_key(&task)) {
                         Ok(key) => key,
-                        Err(message) => return Some(Reply::Error { message }),
+                        Err(message) => return Reply::Error { message },
                     };
                     if let Some(existing) = self.entries.get(&key) {
                         // Idempotent: an answered task is delivered again, anything else is
@@ -456,7 +458,7 @@ impl State {
                     self.queue.insert((1, seq), key);
                     self.dirty.push(key);
                 }
-                Some(Reply::Ok)
+                Reply::Ok
             }
             Request::Recall {
                 run_id,
@@ -469,10 +471,10 @@ impl State {
                     attempt,
                 }) {
                     Ok(key) => key,
-                    Err(message) => return Some(Reply::Error { message }),
+                    Err(message) => return Reply::Error { message },
                 };
                 let Some(entry) = self.entries.get_mut(&key) else {
-                    return Some(Reply::Ok);
+                    return Reply::Ok;
                 };
                 match entry.state.clone() {
                     EntryState::Queued { seq } => {
@@ -489,7 +491,7 @@ impl State {
                     }
                     EntryState::Recalled { .. } | EntryState::Answered { .. } => {}
                 }
-                Some(Reply::Ok)
+                Reply::Ok
             }
             Request::Ack { keys } => {
                 for key in keys {
@@ -506,10 +508,10 @@ impl State {
                         self.out.push(Outgoing::RemoveFile(self.response_path(key)));
                     }
                 }
-                None
+                Reply::Ok
             }
-            Request::Status => Some(Reply::Status(self.status())),
-            Request::Kick { name } => Some(self.kick(&name)),
+            Request::Status => Reply::Status(self.status()),
+            Request::Kick { name } => self.kick(&name),
             Request::Stop => {
                 self.stopping = true;
                 let _ = std::fs::write(
@@ -524,11 +526,11 @@ impl State {
                         }),
                     ));
                 }
-                Some(Reply::Ok)
+                Reply::Ok
             }
-            Request::GetTask { .. } | Request::Runner { .. } => Some(Reply::Error {
+            Request::GetTask { .. } | Request::Runner { .. } => Reply::Error {
                 message: "unexpected request on this connection".into(),
-            }),
+            },
         }
     }
 

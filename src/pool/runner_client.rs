@@ -1,6 +1,8 @@
 //! The runner's side of the pool: submits `Pool` actions, routes answers back to the task
 //! waiting for them, acknowledges answers once the runner has recorded them, and rides out a
 //! daemon restart by reconnecting and submitting again (the pool treats a repeat as a no-op).
+//! Recalls and acks the daemon has not confirmed yet are sent again on the new connection too
+//! (both are no-ops when repeated).
 //!
 //! Answers can arrive before anyone waits for them (a resumed runner is sent every answer the
 //! pool kept while it was away); they are parked until the task's dispatch claims them. A
@@ -8,7 +10,7 @@
 //! `UNCLAIMED_AFTER` belongs to a task that had moved on before the crash: it is acknowledged
 //! so the pool can forget it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
@@ -29,7 +31,7 @@ enum Command {
     },
     Recall(TaskKey),
     Ack(Vec<TaskKey>),
-    /// Answered once everything sent before it has been written to the socket.
+    /// Answered once the daemon has confirmed everything sent before it.
     Flush(oneshot::Sender<()>),
     /// The run is over: every parked answer is stale.
     AckParked,
@@ -75,7 +77,7 @@ impl PoolClient {
         let _ = self.commands.send(Command::Recall(key));
     }
 
-    /// Waits (up to `limit`) until everything sent so far reached the daemon's socket, so the
+    /// Waits (up to `limit`) until the daemon has committed everything sent so far, so the
     /// last acknowledgements are not lost when the runner exits.
     pub async fn flush(&self, limit: Duration) {
         let (done, wait) = oneshot::channel();
@@ -100,6 +102,74 @@ impl PoolClient {
 
 type Conn = (super::conn::LineReader, super::conn::LineWriter);
 
+/// A request written to the daemon and not yet confirmed.
+struct Sent {
+    seq: u64,
+    /// What to send again after a reconnect (recalls and acks). Submits are not kept: the
+    /// tasks still unanswered in `pending` are what gets submitted again.
+    resend: Option<Request>,
+}
+
+/// Requests not yet confirmed. The daemon answers each request on a runner connection with
+/// `Ok` or `Error`, in order, once it is committed to the pool's file; until then a write that
+/// went through may still be lost with the daemon (killed before reading or committing it), so
+/// recalls and acks are kept to be sent again on the next connection.
+#[derive(Default)]
+struct Outbox {
+    unconfirmed: VecDeque<Sent>,
+    next_seq: u64,
+}
+
+impl Outbox {
+    /// Counts a request written (or about to be written) on the current connection.
+    fn sent(&mut self, resend: Option<Request>) {
+        self.unconfirmed.push_back(Sent {
+            seq: self.next_seq,
+            resend,
+        });
+        self.next_seq += 1;
+    }
+
+    /// The daemon answered the oldest request outstanding.
+    fn confirmed(&mut self) {
+        self.unconfirmed.pop_front();
+    }
+
+    /// The number the next request will get: a flush waits until everything below it is
+    /// confirmed.
+    fn mark(&self) -> u64 {
+        self.next_seq
+    }
+
+    fn confirmed_below(&self, mark: u64) -> bool {
+        self.unconfirmed.front().is_none_or(|sent| sent.seq >= mark)
+    }
+
+    /// A new connection: the recalls and acks to send on it first. They stay counted, in
+    /// their order, as the new connection's first requests; what the old connection lost
+    /// with no resend (submits) is forgotten, so replies and requests pair up again.
+    fn reconnected(&mut self) -> Vec<Request> {
+        self.unconfirmed.retain(|sent| sent.resend.is_some());
+        self.unconfirmed
+            .iter()
+            .filter_map(|sent| sent.resend.clone())
+            .collect()
+    }
+}
+
+/// Answers every flush whose requests have all been confirmed.
+fn settle_flushes(flushes: &mut Vec<(u64, oneshot::Sender<()>)>, outbox: &Outbox) {
+    let mut index = 0;
+    while index < flushes.len() {
+        if outbox.confirmed_below(flushes[index].0) {
+            let (_, done) = flushes.swap_remove(index);
+            let _ = done.send(());
+        } else {
+            index += 1;
+        }
+    }
+}
+
 async fn connection_loop(
     paths: PoolPaths,
     run_id: String,
@@ -109,6 +179,8 @@ async fn connection_loop(
 ) {
     let mut pending: HashMap<TaskKey, (PoolTask, oneshot::Sender<AnswerOutcome>)> = HashMap::new();
     let mut parked: HashMap<TaskKey, (AnswerOutcome, Instant)> = HashMap::new();
+    let mut outbox = Outbox::default();
+    let mut flushes: Vec<(u64, oneshot::Sender<()>)> = Vec::new();
     let mut sweep = tokio::time::interval(UNCLAIMED_AFTER);
     let mut next_conn = Some(first);
     loop {
@@ -128,14 +200,26 @@ async fn connection_loop(
         {
             continue;
         }
+        let mut broken = false;
+        for request in outbox.reconnected() {
+            if writer.send(&request).await.is_err() {
+                broken = true;
+                break;
+            }
+        }
+        if broken {
+            continue;
+        }
         let resubmit: Vec<PoolTask> = pending.values().map(|(task, _)| task.clone()).collect();
-        if !resubmit.is_empty()
-            && writer
+        if !resubmit.is_empty() {
+            outbox.sent(None);
+            if writer
                 .send(&Request::Submit { tasks: resubmit })
                 .await
                 .is_err()
-        {
-            continue;
+            {
+                continue;
+            }
         }
         loop {
             tokio::select! {
@@ -149,7 +233,10 @@ async fn connection_loop(
                         for key in &stale {
                             parked.remove(key);
                         }
-                        if writer.send(&Request::Ack { keys: stale }).await.is_err() {
+                        let request = Request::Ack { keys: stale };
+                        let written = writer.send(&request).await;
+                        outbox.sent(Some(request));
+                        if written.is_err() {
                             break;
                         }
                     }
@@ -193,18 +280,24 @@ async fn connection_loop(
                             }
                         }
                     }
+                    // Everything is counted even once the connection has failed, so that the
+                    // recalls and acks among it are sent again after reconnecting.
                     let mut broken = false;
                     if !submit.is_empty() {
                         broken |= writer.send(&Request::Submit { tasks: submit }).await.is_err();
+                        outbox.sent(None);
                     }
                     for request in requests {
-                        broken |= writer.send(&request).await.is_err();
+                        if !broken {
+                            broken |= writer.send(&request).await.is_err();
+                        }
+                        outbox.sent(Some(request));
                     }
+                    let mark = outbox.mark();
+                    flushes.extend(flushed.into_iter().map(|done| (mark, done)));
+                    settle_flushes(&mut flushes, &outbox);
                     if broken {
                         break;
-                    }
-                    for done in flushed {
-                        let _ = done.send(());
                     }
                 }
                 reply = reader.recv::<Reply>() => match reply {
@@ -217,8 +310,16 @@ async fn connection_loop(
                             parked.insert(key, (outcome, Instant::now()));
                         }
                     }
-                    Ok(Some(Reply::Error { message })) => tracing::error!("pool: {message}"),
-                    Ok(Some(_)) => {}
+                    Ok(Some(Reply::Ok)) => {
+                        outbox.confirmed();
+                        settle_flushes(&mut flushes, &outbox);
+                    }
+                    Ok(Some(Reply::Error { message })) => {
+                        tracing::error!("pool: {message}");
+                        outbox.confirmed();
+                        settle_flushes(&mut flushes, &outbox);
+                    }
+                    Ok(Some(Reply::Status(_))) => {}
                     Ok(None) | Err(_) => {
                         eprintln!("drover: lost the connection to pool `{}`; reconnecting", paths.name);
                         break;
@@ -226,5 +327,65 @@ async fn connection_loop(
                 },
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ack(task: &str) -> Request {
+        Request::Ack {
+            keys: vec![TaskKey {
+                run_id: "r".into(),
+                task_id: task.into(),
+                attempt: 1,
+            }],
+        }
+    }
+
+    #[test]
+    fn unconfirmed_recalls_and_acks_are_sent_again_in_order_and_submits_are_not() {
+        let mut outbox = Outbox::default();
+        outbox.sent(Some(ack("a")));
+        outbox.sent(None);
+        outbox.sent(Some(ack("b")));
+        outbox.sent(Some(ack("c")));
+        outbox.confirmed();
+        assert_eq!(outbox.reconnected(), vec![ack("b"), ack("c")]);
+        // Resent on the new connection: confirmed there in the same order.
+        outbox.sent(None);
+        outbox.confirmed();
+        assert_eq!(outbox.reconnected(), vec![ack("c")]);
+        outbox.confirmed();
+        assert_eq!(outbox.reconnected(), Vec::<Request>::new());
+    }
+
+    #[test]
+    fn a_flush_waits_for_what_was_sent_before_it_only() {
+        let mut outbox = Outbox::default();
+        outbox.sent(Some(ack("a")));
+        outbox.sent(Some(ack("b")));
+        let mark = outbox.mark();
+        outbox.sent(Some(ack("c")));
+        let (done, mut flushed) = oneshot::channel();
+        let mut flushes = vec![(mark, done)];
+        settle_flushes(&mut flushes, &outbox);
+        assert!(flushed.try_recv().is_err(), "nothing confirmed yet");
+        outbox.confirmed();
+        settle_flushes(&mut flushes, &outbox);
+        assert!(flushed.try_recv().is_err(), "`b` is not confirmed yet");
+        // The connection is lost: `b` still counts, and is confirmed on the next one.
+        assert_eq!(outbox.reconnected(), vec![ack("b"), ack("c")]);
+        settle_flushes(&mut flushes, &outbox);
+        assert!(flushed.try_recv().is_err(), "`b` is not confirmed yet");
+        outbox.confirmed();
+        settle_flushes(&mut flushes, &outbox);
+        assert_eq!(
+            flushed.try_recv(),
+            Ok(()),
+            "everything before the mark confirmed"
+        );
+        assert!(flushes.is_empty());
     }
 }

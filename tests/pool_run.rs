@@ -9,9 +9,10 @@
 //! what was recorded.
 //!
 //! Every spawned process is owned by a guard that SIGKILLs it on drop. Waits poll a condition
-//! with a generous deadline; the only sleep that is not a poll is the pause of
-//! `a_response_file_is_read_only_once_complete`, which is the scenario itself (an answer
-//! written in two chunks), not an assertion.
+//! with a generous deadline; the only sleeps that are not polls are the pause of
+//! `a_response_file_is_read_only_once_complete` and the stopped runner's wait past its timeout
+//! in `an_answer_arriving_as_the_action_times_out_is_used_or_recorded_late`, which are the
+//! scenarios themselves (an answer written in two chunks; a timeout overdue), not assertions.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
@@ -1035,6 +1036,96 @@ fn a_recall_lost_with_a_killed_daemon_is_sent_again_after_reconnecting() {
     );
     let status = env.status_json().expect("status");
     assert_eq!(status["queued"], 0, "{status}");
+}
+
+/// §3/§4: an answer that reaches the runner just as its action times out is either used (it
+/// came in time) or recorded as a late answer and acknowledged; never dropped. The runner is
+/// stopped (SIGSTOP) from before the answer is written until after the timeout has passed, so
+/// when it resumes the answer and the timeout are due at once.
+#[test]
+fn an_answer_arriving_as_the_action_times_out_is_used_or_recorded_late() {
+    let env = Env::new();
+    let _daemon = env.start_daemon();
+    let config = env.write_config(&json!({
+        "steps": [
+            pool_step("Slow", &["Leaf"], json!({"timeout": 2, "max_retries": 0})),
+            {
+                "name": "Hold",
+                "action": {"kind": "Command", "script": format!("cat >/dev/null; {RELEASE_WAIT}; echo '[]'")},
+                "next": []
+            },
+            leaf_step("Leaf", json!({}))
+        ]
+    }));
+    let initial = r#"[{"kind": "Slow", "value": {}}, {"kind": "Hold", "value": {}}]"#;
+    let state_dir = env.state_arg();
+    let mut run = env.spawn_run(&config, &["--initial-state", initial]);
+    let (_, _, response_file) = env.get_task("x");
+    let handed_at = Instant::now();
+    let pid = pid_with_args(&[
+        "run",
+        "--config",
+        &config,
+        "--state-dir",
+        &state_dir,
+        "--root",
+        env.root(),
+        "--initial-state",
+        initial,
+    ])
+    .expect("the runner's pid");
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).expect("runner stopped");
+    let answer = json!([{"kind": "Leaf", "value": {"answered": "at the timeout"}}]);
+    std::fs::write(&response_file, answer.to_string()).expect("answer written");
+    wait_until("the pool has the answer", DEADLINE, || {
+        env.status_json().is_some_and(|s| s["undelivered"] == 1)
+    });
+    // The scenario itself, not a synchronisation: the runner stays stopped until its action
+    // timeout is overdue.
+    std::thread::sleep(Duration::from_secs(3).saturating_sub(handed_at.elapsed()));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).expect("runner resumed");
+
+    let late_logs = |state: &RunState| {
+        let (id, _) = state.only("Slow");
+        let store = Store::open(&env.state()).expect("store");
+        let reader = store.read().expect("snapshot");
+        reader
+            .hook_logs(state.id, id)
+            .expect("hook logs")
+            .into_iter()
+            .filter(|(_, log)| log.phase == "late-answer")
+            .map(|(_, log)| log)
+            .collect::<Vec<_>>()
+    };
+    wait_until("the answer is used or recorded late", DEADLINE, || {
+        run.assert_alive();
+        env.read_run().is_some_and(|state| {
+            let (_, task) = state.only("Slow");
+            task.phase == Phase::Completed || !late_logs(&state).is_empty()
+        })
+    });
+    std::fs::write(env.release(), "").expect("release file");
+    let done = Done::of(run, DEADLINE);
+    let state = env.run_state();
+    let (_, task) = state.only("Slow");
+    if task.phase == Phase::Completed {
+        assert_exit(&done, 0);
+        let (_, leaf) = state.only("Leaf");
+        assert_eq!(leaf.value, r#"{"answered":"at the timeout"}"#);
+    } else {
+        assert_exit(&done, 1);
+        assert_eq!(task.error.as_deref(), Some("Timeout"));
+        assert!(
+            state.of_step("Leaf").is_empty(),
+            "a late answer spawns nothing"
+        );
+        let late = late_logs(&state);
+        assert_eq!(late.len(), 1, "{late:?}");
+        assert_has(&late[0].stderr, "at the timeout");
+    }
+    wait_until("the pool forgets the answer", DEADLINE, || {
+        env.status_json().is_some_and(|s| s["undelivered"] == 0)
+    });
 }
 
 /// §4: an agent that calls get-task again while holding an unanswered task abandons it; the

@@ -4,13 +4,18 @@
 //! Recalls and acks the daemon has not confirmed yet are sent again on the new connection too
 //! (both are no-ops when repeated).
 //!
+//! An answer for a task the runner has recalled (its action timed out) goes to the late-answer
+//! sink, to be recorded and acknowledged, never applied: whether the daemon marks it late, or
+//! it was answered before the recall reached the daemon, or it came just as the wait for it
+//! ended.
+//!
 //! Answers can arrive before anyone waits for them (a resumed runner is sent every answer the
 //! pool kept while it was away); they are parked until the task's dispatch claims them. A
 //! resumed runner re-dispatches all its pool tasks at once, so an answer still unclaimed after
 //! `UNCLAIMED_AFTER` belongs to a task that had moved on before the crash: it is acknowledged
 //! so the pool can forget it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, oneshot};
@@ -179,6 +184,9 @@ async fn connection_loop(
 ) {
     let mut pending: HashMap<TaskKey, (PoolTask, oneshot::Sender<AnswerOutcome>)> = HashMap::new();
     let mut parked: HashMap<TaskKey, (AnswerOutcome, Instant)> = HashMap::new();
+    // Recalled while still unanswered: an answer for them can still come, and it is late even
+    // when the daemon, which answered before the recall reached it, does not say so.
+    let mut recalled: HashSet<TaskKey> = HashSet::new();
     let mut outbox = Outbox::default();
     let mut flushes: Vec<(u64, oneshot::Sender<()>)> = Vec::new();
     let mut sweep = tokio::time::interval(UNCLAIMED_AFTER);
@@ -255,14 +263,18 @@ async fn connection_loop(
                             Command::Dispatch { task, reply } => {
                                 let key = TaskKey { run_id: task.run_id.clone(), task_id: task.task_id.clone(), attempt: task.attempt };
                                 if let Some((outcome, _)) = parked.remove(&key) {
-                                    let _ = reply.send(outcome);
+                                    if let Err(outcome) = reply.send(outcome) {
+                                        late(key, outcome);
+                                    }
                                     continue;
                                 }
                                 submit.push(task.clone());
                                 pending.insert(key, (task, reply));
                             }
                             Command::Recall(key) => {
-                                pending.remove(&key);
+                                if pending.remove(&key).is_some() {
+                                    recalled.insert(key.clone());
+                                }
                                 requests.push(Request::Recall { run_id: key.run_id, task_id: key.task_id, attempt: key.attempt });
                             }
                             Command::Ack(keys) => {
@@ -302,10 +314,15 @@ async fn connection_loop(
                 }
                 reply = reader.recv::<Reply>() => match reply {
                     Ok(Some(Reply::Answer { key, outcome, late: is_late })) => {
-                        if is_late {
+                        let was_recalled = recalled.remove(&key);
+                        if is_late || was_recalled {
                             late(key, outcome);
                         } else if let Some((_, reply)) = pending.remove(&key) {
-                            let _ = reply.send(outcome);
+                            // The task timed out just as its answer came: it is late, and
+                            // recorded as such rather than dropped with the receiver.
+                            if let Err(outcome) = reply.send(outcome) {
+                                late(key, outcome);
+                            }
                         } else {
                             parked.insert(key, (outcome, Instant::now()));
                         }

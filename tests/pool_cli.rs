@@ -375,8 +375,11 @@ struct TestRunner {
 
 impl TestRunner {
     fn connect(pool: &Pool) -> TestRunner {
-        let stream =
-            UnixStream::connect(pool.pool_dir().join("pool.sock")).expect("the daemon listens");
+        TestRunner::connect_to(&pool.pool_dir().join("pool.sock"))
+    }
+
+    fn connect_to(socket: &Path) -> TestRunner {
+        let stream = UnixStream::connect(socket).expect("the daemon listens");
         stream
             .set_read_timeout(Some(DEADLINE))
             .expect("read timeout");
@@ -664,4 +667,77 @@ fn runner_requests_are_confirmed_and_repeated_recalls_and_acks_change_nothing() 
         attempt: key.attempt,
     });
     assert_eq!(counts(&pool), (0, 0, 0));
+}
+
+/// A relative `--root`/`DROVER_ROOT` is taken from each command's current directory, and the
+/// response file a task names is absolute, so an agent working elsewhere writes the right file.
+/// Here the daemon runs in DIR with `--root rel`, the agent in DIR/elsewhere with
+/// `DROVER_ROOT=../rel`: a relative response file would send its answer to
+/// DIR/elsewhere/rel/…, which does not exist. `protocol` still repeats `--root` as given.
+#[test]
+fn a_relative_root_gives_agents_absolute_response_files() {
+    let pool = Pool::new();
+    let dir = pool.dir.path();
+    let elsewhere = dir.join("elsewhere");
+    std::fs::create_dir(&elsewhere).expect("agent dir");
+    let in_dir = |cwd: &Path, args: &[&str]| {
+        let mut command = command(args);
+        command.current_dir(cwd);
+        command
+    };
+    let mut daemon = Proc::spawn(
+        &pool.logs(),
+        in_dir(dir, &["start", "--root", "rel"]),
+        "start",
+    );
+    let socket = dir.join("rel/pools/default/pool.sock");
+    wait_until("the daemon listens under DIR/rel", || {
+        if let Some(status) = daemon.exited() {
+            panic!("the daemon exited ({status}): {}", daemon.stderr());
+        }
+        UnixStream::connect(&socket).is_ok()
+    });
+
+    let mut agent_command = in_dir(
+        &elsewhere,
+        &[
+            "agent",
+            "--name",
+            "a",
+            "--max-tasks",
+            "1",
+            "--",
+            "sh",
+            "-c",
+            r#"cat >/dev/null; printf '%s' "$DROVER_RESPONSE_FILE" > ../seen; echo '[]'"#,
+        ],
+    );
+    agent_command.env("DROVER_ROOT", "../rel");
+    let mut agent = Proc::spawn(&pool.logs(), agent_command, "agent");
+    let mut runner = TestRunner::connect_to(&socket);
+    let task = runner.submit(json!({"n": 1}));
+    let (answered, outcome) = runner.answer();
+    assert_eq!(answered, task);
+    assert_eq!(
+        outcome,
+        AnswerOutcome::Answered {
+            text: "[]\n".into()
+        }
+    );
+    assert!(agent.wait_within(DEADLINE).success(), "{}", agent.stderr());
+    let seen = PathBuf::from(std::fs::read_to_string(dir.join("seen")).expect("seen"));
+    assert!(seen.is_absolute(), "{}", seen.display());
+    assert_eq!(
+        seen.parent(),
+        Some(dir.join("rel/pools/default/responses").as_path()),
+        "{}",
+        seen.display()
+    );
+
+    let output = in_dir(dir, &["protocol", "--name", "a", "--root", "rel"])
+        .output()
+        .expect("runs");
+    assert!(output.status.success());
+    let text = String::from_utf8(output.stdout).expect("utf-8");
+    assert_has(&text, "\n   drover-pool get-task --name a --root rel\n");
 }

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use drover::pool::protocol::{
     AgentMessage, AnswerOutcome, PoolTask, Reply, Request, TaskKey, TaskRef,
 };
+use drover::pool::store::{Entry, EntryState, PoolStore};
 use serde_json::{Value, json};
 
 mod common;
@@ -379,11 +380,15 @@ impl TestRunner {
     }
 
     fn connect_to(socket: &Path) -> TestRunner {
+        TestRunner::connect_as(socket, ulid::Ulid::generate().to_string())
+    }
+
+    /// The runner of `run_id` (again, after a daemon restart).
+    fn connect_as(socket: &Path, run_id: String) -> TestRunner {
         let stream = UnixStream::connect(socket).expect("the daemon listens");
         stream
             .set_read_timeout(Some(DEADLINE))
             .expect("read timeout");
-        let run_id = ulid::Ulid::generate().to_string();
         let mut runner = TestRunner {
             reader: BufReader::new(stream.try_clone().expect("clone")),
             writer: stream,
@@ -740,4 +745,145 @@ fn a_relative_root_gives_agents_absolute_response_files() {
     assert!(output.status.success());
     let text = String::from_utf8(output.stdout).expect("utf-8");
     assert_has(&text, "\n   drover-pool get-task --name a --root rel\n");
+}
+
+const ABANDONED: &str = "agent requested a new task without answering";
+
+/// The agents `status --json` lists, with the task id each holds.
+fn held_tasks(pool: &Pool) -> Vec<(String, Option<String>)> {
+    let status = pool.status_json().expect("status");
+    status["agents"]
+        .as_array()
+        .expect("agents array")
+        .iter()
+        .map(|a| {
+            (
+                a["name"].as_str().expect("a name").to_string(),
+                a["task"]["task_id"].as_str().map(str::to_string),
+            )
+        })
+        .collect()
+}
+
+/// A task the runner recalled (its action timed out) while an agent held it is still that
+/// agent's after a daemon restart: status shows it busy with the task, and when it asks again
+/// without answering, the task is settled (a late abandon error), not kept forever.
+#[test]
+fn a_recalled_task_stays_with_its_agent_across_a_daemon_restart() {
+    let pool = Pool::new();
+    let mut daemon = pool.start();
+    let socket = pool.pool_dir().join("pool.sock");
+    let mut runner = TestRunner::connect(&pool);
+    let task_id = runner.submit(json!({"n": 1}));
+    let done = pool.run("get-task", &["--name", "x"]);
+    assert!(
+        matches!(one_message(&done.stdout), AgentMessage::Task { task_id: t, .. } if t == task_id)
+    );
+    let key = runner.key(&task_id);
+    runner.send_confirmed(&Request::Recall {
+        run_id: key.run_id.clone(),
+        task_id: key.task_id.clone(),
+        attempt: key.attempt,
+    });
+
+    daemon.kill();
+    let _daemon = pool.start();
+    assert_eq!(
+        held_tasks(&pool),
+        vec![("x".to_string(), Some(task_id.clone()))],
+        "the agent still holds the recalled task"
+    );
+    let mut runner = TestRunner::connect_as(&socket, runner.run_id.clone());
+    let mut again = pool.spawn("get-task", &["--name", "x"]);
+    pool.wait_idle("x");
+    let (answered, outcome, late) = runner.answer_full();
+    assert_eq!(answered, key);
+    assert_eq!(
+        outcome,
+        AnswerOutcome::Failed {
+            reason: ABANDONED.into()
+        }
+    );
+    assert!(late, "the runner had recalled it");
+    runner.send_confirmed(&Request::Ack { keys: vec![key] });
+    let status = pool.status_json().expect("status");
+    assert_eq!(
+        (&status["assigned"], &status["undelivered"]),
+        (&json!(0), &json!(0)),
+        "{status}"
+    );
+    assert!(again.exited().is_none(), "x waits for a new task");
+}
+
+/// A pool file in which one agent holds two tasks (left by a daemon that lost track of the
+/// older one when a kicked or restarted agent asked again): on start the newer stays the
+/// agent's, the older is settled (abandoned, or its answer if the file is there) and reaches
+/// its runner, instead of being kept as assigned forever.
+#[test]
+fn an_agent_holding_two_tasks_in_the_pool_file_keeps_the_newer_one() {
+    let pool = Pool::new();
+    std::fs::create_dir_all(pool.pool_dir()).expect("pool dir");
+    let run_id = ulid::Ulid::generate();
+    let older = ulid::Ulid::generate();
+    let newer = ulid::Ulid::generate();
+    let entry = |task: ulid::Ulid, state: EntryState| Entry {
+        task: PoolTask {
+            run_id: run_id.to_string(),
+            task_id: task.to_string(),
+            attempt: 1,
+            instructions: "Do it.".into(),
+            task: TaskRef {
+                kind: "Work".into(),
+                value: json!({}),
+            },
+            next_steps: vec![],
+        },
+        state,
+        submitted_ms: 1,
+    };
+    {
+        let store = PoolStore::open(&pool.pool_dir().join("pool.redb")).expect("pool store");
+        let older_entry = entry(
+            older,
+            EntryState::Assigned {
+                agent: "x".into(),
+                since_ms: 10,
+                epoch: 1,
+            },
+        );
+        let newer_entry = entry(
+            newer,
+            EntryState::Assigned {
+                agent: "x".into(),
+                since_ms: 20,
+                epoch: 1,
+            },
+        );
+        store
+            .commit(
+                &[
+                    ((run_id.0, older.0, 1), &older_entry),
+                    ((run_id.0, newer.0, 1), &newer_entry),
+                ],
+                &[],
+            )
+            .expect("entries written");
+    }
+    let _daemon = pool.start();
+    assert_eq!(
+        held_tasks(&pool),
+        vec![("x".to_string(), Some(newer.to_string()))]
+    );
+    let mut runner = TestRunner::connect_as(&pool.pool_dir().join("pool.sock"), run_id.to_string());
+    let (key, outcome, late) = runner.answer_full();
+    assert_eq!(key.task_id, older.to_string());
+    assert_eq!(
+        outcome,
+        AnswerOutcome::Failed {
+            reason: ABANDONED.into()
+        }
+    );
+    assert!(!late);
+    let status = pool.status_json().expect("status");
+    assert_eq!(status["assigned"], 1, "{status}");
 }

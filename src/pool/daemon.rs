@@ -338,6 +338,11 @@ impl State {
     }
 
     fn load(&mut self, entries: Vec<(Key, Entry)>) {
+        // A recalled task is still its agent's until answered or abandoned, like an assigned
+        // one: forgotten here, the agent asking again would not settle it, and it would stay
+        // in the pool for good.
+        let mut held: HashMap<String, (u64, Key)> = HashMap::new();
+        let mut dropped = Vec::new();
         for (key, entry) in entries {
             match &entry.state {
                 EntryState::Queued { seq } => {
@@ -346,14 +351,40 @@ impl State {
                 }
                 EntryState::Assigned {
                     agent, since_ms, ..
-                } => {
-                    let record = self.agents.entry(agent.clone()).or_default();
-                    record.task = Some(key);
-                    record.since_ms = *since_ms;
                 }
-                EntryState::Recalled { .. } | EntryState::Answered { .. } => {}
+                | EntryState::Recalled { agent, since_ms } => {
+                    // An agent works on one task at a time. Two in the file (left by a daemon
+                    // that lost track of one) mean it asked again after the older one.
+                    let mine = (*since_ms, key);
+                    match held.get(agent).copied() {
+                        Some(other) if other > mine => dropped.push(key),
+                        Some(other) => {
+                            dropped.push(other.1);
+                            held.insert(agent.clone(), mine);
+                        }
+                        None => {
+                            held.insert(agent.clone(), mine);
+                        }
+                    }
+                }
+                EntryState::Answered { .. } => {}
             }
             self.entries.insert(key, entry);
+        }
+        for (agent, (since_ms, key)) in held {
+            let record = self.agents.entry(agent).or_default();
+            record.task = Some(key);
+            record.since_ms = since_ms;
+        }
+        for key in dropped {
+            let late = matches!(
+                self.entries.get(&key),
+                Some(Entry {
+                    state: EntryState::Recalled { .. },
+                    ..
+                })
+            );
+            self.settle_from_file(key, late);
         }
     }
 
@@ -661,15 +692,25 @@ impl State {
             EntryState::Recalled { agent, .. } if agent == name => (true, self.epoch),
             _ => return None,
         };
-        let outcome = match std::fs::read_to_string(&path) {
+        if !late && assigned_epoch != self.epoch && !path.exists() {
+            return Some(self.task_message(key));
+        }
+        self.settle_from_file(key, late);
+        None
+    }
+
+    /// Settles a task its agent has left: with the answer on file, else as abandoned.
+    fn settle_from_file(&mut self, key: Key, late: bool) {
+        let outcome = match std::fs::read_to_string(self.response_path(key)) {
             Ok(text) => AnswerOutcome::Answered { text },
-            Err(_) if !late && assigned_epoch != self.epoch => return Some(self.task_message(key)),
-            Err(_) => AnswerOutcome::Failed {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => AnswerOutcome::Failed {
                 reason: ABANDONED.to_string(),
+            },
+            Err(e) => AnswerOutcome::Failed {
+                reason: format!("cannot read the response file: {e}"),
             },
         };
         self.answer(key, outcome, late);
-        None
     }
 
     fn task_message(&self, key: Key) -> AgentMessage {

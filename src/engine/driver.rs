@@ -886,11 +886,20 @@ impl Driver {
                 return;
             };
             // Registered now, in dispatch order, so an answer the pool kept is claimed.
-            let answer = pool.dispatch(task);
+            let mut answer = pool.dispatch(task);
             let timeout = step.options.timeout;
             self.runtime.spawn(async move {
                 let outcome = match timeout {
-                    Some(limit) => tokio::time::timeout(limit, answer).await.ok(),
+                    Some(limit) => match tokio::time::timeout(limit, &mut answer).await {
+                        Ok(outcome) => Some(outcome),
+                        // An answer sent between the timer firing and now is in the channel:
+                        // closing it first makes any later one fail to send, and the client
+                        // then hands it to the late-answer sink, so none is lost.
+                        Err(_) => {
+                            answer.close();
+                            answer.try_recv().ok().map(Ok)
+                        }
+                    },
                     None => Some(answer.await),
                 };
                 let (outcome, pool_key) = match outcome {

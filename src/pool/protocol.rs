@@ -58,6 +58,9 @@ pub enum AnswerOutcome {
     Failed { reason: String },
 }
 
+/// On a runner connection (after `Runner`), every request gets exactly one `Ok` or `Error`,
+/// in order, once the daemon has committed it: the runner counts them to know which recalls
+/// and acknowledgements to send again after a reconnect. `Answer`s are pushed in between.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type")]
 pub enum Request {

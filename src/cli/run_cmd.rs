@@ -138,7 +138,7 @@ pub fn resume(args: ResumeArgs) -> CliResult {
         ))
     })?;
     let location = pool_for_resume(run_id, run.pool.as_ref(), &args.pool.location);
-    let session = Session::start(
+    let mut session = Session::start(
         store.clone(),
         run_id,
         Arc::new(workflow),
@@ -158,7 +158,6 @@ pub fn resume(args: ResumeArgs) -> CliResult {
             })
             .map_err(CliError::unavailable)?;
     }
-    let mut session = session;
     crate::say!("drover: resuming run {run_id}");
     session.drive()
 }
@@ -213,11 +212,9 @@ fn pool_for_resume(run_id: Ulid, stored: Option<&PoolRef>, given: &PoolArgs) -> 
 }
 
 fn pool_ref(location: &PoolArgs) -> PoolRef {
-    let root = location.root();
-    let root = std::path::absolute(&root).unwrap_or(root);
     PoolRef {
         name: location.name().to_string(),
-        root: root.display().to_string(),
+        root: location.root().display().to_string(),
     }
 }
 

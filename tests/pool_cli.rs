@@ -445,7 +445,9 @@ impl TestRunner {
         loop {
             match self.reply() {
                 Reply::Ok => return,
-                Reply::Answer { key, outcome, late } => {
+                Reply::Answer {
+                    key, outcome, late, ..
+                } => {
                     self.answers.push_back((key, outcome, late));
                 }
                 other => panic!("expected Ok, got {other:?}"),
@@ -461,7 +463,9 @@ impl TestRunner {
         loop {
             match self.reply() {
                 Reply::Ok => {}
-                Reply::Answer { key, outcome, late } => return (key, outcome, late),
+                Reply::Answer {
+                    key, outcome, late, ..
+                } => return (key, outcome, late),
                 other => panic!("expected an answer, got {other:?}"),
             }
         }

@@ -506,6 +506,70 @@ fn many_agents_share_a_fan_out_and_each_task_is_answered_once() {
     }
 }
 
+/// Logs what the agent was handed, holds its task until two tasks have been handed out (so
+/// each of two agents gets one; bounded, like `RELEASE_WAIT`), then answers `[]`.
+const LOG_HOLD_UNTIL_TWO_AND_ANSWER_EMPTY: &str = r#"cat >/dev/null
+echo "$DROVER_AGENT_NAME $DROVER_TASK_ID $DROVER_ATTEMPT" >> "$AGENT_LOG"
+i=0; while [ "$(wc -l < "$AGENT_LOG")" -lt 2 ] && [ -d "${AGENT_LOG%/*}" ] && [ "$i" -lt 1200 ]; do sleep 0.05; i=$((i + 1)); done
+echo '[]'"#;
+
+/// `inspect RUN --task TASK --json` says which agent did a Pool task's work: the transition
+/// that ended the action names the agent whose own log says it was handed the task, for
+/// every task of a fan-out shared by two agents; a Command task names none.
+#[test]
+fn inspect_names_the_agent_that_answered_each_pool_task() {
+    const TASKS: usize = 6;
+    let env = Env::new();
+    let _daemon = env.start_daemon();
+    let names = ["agent-1".to_string(), "agent-2".to_string()];
+    let mut agents: Vec<Proc> = names
+        .iter()
+        .map(|name| env.agent(name, LOG_HOLD_UNTIL_TWO_AND_ANSWER_EMPTY))
+        .collect();
+    env.wait_idle(&names);
+    let config = env.write_config(&json!({
+        "entrypoint": "Fan",
+        "steps": [fan_out_step(TASKS, "Work"), pool_step("Work", &[], json!({}))]
+    }));
+    let done = Done::of(env.spawn_run(&config, &[]), DEADLINE);
+    assert_exit(&done, 0);
+
+    let handled_by: HashMap<String, String> = log_lines(&env.agent_log())
+        .into_iter()
+        .map(|(agent, task, _)| (task, agent))
+        .collect();
+    assert_eq!(handled_by.len(), TASKS, "one agent run per task");
+    let workers: BTreeSet<&String> = handled_by.values().collect();
+    assert_eq!(workers.len(), 2, "both agents did work: {handled_by:?}");
+
+    let state = env.run_state();
+    assert_eq!(state.tasks.len(), TASKS + 1);
+    for (id, task) in &state.tasks {
+        let report = env.inspect_task(state.id, *id);
+        let action_ends: Vec<&Value> = report["transitions"]
+            .as_array()
+            .expect("transitions")
+            .iter()
+            .filter(|t| t["from"] == "action")
+            .collect();
+        assert_eq!(action_ends.len(), 1, "{report:#}");
+        let end = action_ends[0];
+        if task.step == "Fan" {
+            assert!(end.get("agent").is_none(), "a Command has no agent: {end}");
+            continue;
+        }
+        let agent = &handled_by[&Ulid(*id).to_string()];
+        assert_eq!(end["agent"], agent.as_str(), "{report:#}");
+        assert_has(
+            end["detail"].as_str().expect("detail"),
+            &format!(r#"answered by "{agent}""#),
+        );
+    }
+    for agent in &mut agents {
+        agent.assert_alive();
+    }
+}
+
 /// §4: a response file is read only once it is complete (written and closed). The answer is
 /// written in two chunks with a pause between them while the file stays open; read early, the
 /// first chunk (`[`) would not be JSON and the task (no retries) would fail.
@@ -859,7 +923,8 @@ fn run_without_a_pool_exits_3_and_records_nothing() {
 }
 
 /// §3/§4: an action timeout recalls the pool task; the agent's late answer is recorded for
-/// inspection (a `late-answer` log entry) and never applied (it spawns nothing).
+/// inspection (a `late-answer` log entry naming the agent) and never applied (it spawns
+/// nothing).
 ///
 /// A second root task (a Command that waits for the release file) keeps the run going until
 /// the late answer has been recorded, so the test does not depend on when it arrives.
@@ -940,6 +1005,7 @@ echo '[{"kind":"Leaf","value":{"late":true}}]'"#,
         .collect();
     assert_eq!(late.len(), 1, "{report:#}");
     assert_eq!(late[0]["attempt"], 1);
+    assert_eq!(late[0]["agent"], "slowpoke", "{report:#}");
     assert_has(
         late[0]["stderr"].as_str().expect("the answer text"),
         r#""late":true"#,
@@ -1163,6 +1229,7 @@ fn get_task_again_without_answering_abandons_the_task() {
         &errors[0].detail,
         "Error: agent requested a new task without answering",
     );
+    assert_has(&errors[0].detail, r#"held by "x""#);
 }
 
 /// §4: `kick` of a busy agent takes effect at its next get-task, and what it held is settled
@@ -1381,4 +1448,6 @@ fn a_restarted_daemon_still_delivers_an_answer_its_runner_never_received() {
     let (_, leaf) = state.only("Leaf");
     assert_eq!(leaf.parent, Some(id));
     assert_eq!(leaf.value, r#"{"kept":"across a daemon restart"}"#);
+    // Who answered is kept with the answer across the restart too.
+    assert_has(&first_action_end(&state, id).detail, r#"answered by "x""#);
 }

@@ -19,12 +19,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::{Value, json};
 use ulid::Ulid;
 
+use super::agent_note;
 use super::answer::NewTask;
 use super::config::{Action, Step, Workflow};
 use super::lifecycle::{self, ActionOutcome, Decision, Effect, HookOutcome};
 use super::process::{ProcessOutcome, ProcessSpec, ProcessTracker};
 use crate::pool::protocol::{AnswerOutcome, PoolTask, TaskKey, TaskRef};
-use crate::pool::runner_client::{LateAnswerSink, PoolClient};
+use crate::pool::runner_client::{LateAnswerSink, PoolAnswer, PoolClient};
 use crate::store::tables::FINALLY_CODE;
 use crate::store::{
     FinallyState, HookLogV1, Phase, PoolRef, RunStatus, RunV2, Stage, Store, StoreError, TaskV1,
@@ -76,10 +77,12 @@ enum Event {
         log: Option<HookLogV1>,
         /// The pool answer this event carries, acknowledged once committed.
         pool_key: Option<TaskKey>,
+        /// The agent that did the pool work, named in the action's transition.
+        agent: Option<String>,
     },
     LateAnswer {
         key: TaskKey,
-        outcome: AnswerOutcome,
+        answer: PoolAnswer,
     },
     Finally {
         task: u128,
@@ -138,7 +141,7 @@ pub fn create_run(
     run_id: Ulid,
     workflow: &Workflow,
     config_snapshot: String,
-    entrypoint_value: &Value,
+    entrypoint_value: &str,
     first_tasks: Vec<NewTask>,
     pool: Option<PoolRef>,
 ) -> Result<(), DriverError> {
@@ -304,9 +307,9 @@ impl Driver {
     /// Where the pool client reports answers that came after their task was recalled.
     pub fn late_answer_sink(&self) -> LateAnswerSink {
         let tx = std::sync::Mutex::new(self.events_tx.clone());
-        Box::new(move |key, outcome| {
+        Box::new(move |key, answer| {
             if let Ok(tx) = tx.lock() {
-                let _ = tx.send(Event::LateAnswer { key, outcome });
+                let _ = tx.send(Event::LateAnswer { key, answer });
             }
         })
     }
@@ -503,12 +506,25 @@ impl Driver {
                 self.tracker.kill_all();
                 Ok(())
             }
-            Event::LateAnswer { key, outcome } => {
+            Event::LateAnswer { key, answer } => {
                 self.acks.push(key.clone());
                 let Ok(task_id) = Ulid::from_string(&key.task_id) else {
                     return Ok(());
                 };
-                let text = match outcome {
+                let summary = match &answer.outcome {
+                    AnswerOutcome::Answered { .. } => {
+                        "the agent answered after the action timed out; recorded, not applied"
+                    }
+                    AnswerOutcome::Failed { .. } => {
+                        "the agent ended without an answer after the action timed out"
+                    }
+                };
+                let answered = matches!(answer.outcome, AnswerOutcome::Answered { .. });
+                let outcome = match &answer.agent {
+                    Some(agent) => agent_note::append(summary, answered, agent),
+                    None => summary.to_string(),
+                };
+                let text = match answer.outcome {
                     AnswerOutcome::Answered { text } => text,
                     AnswerOutcome::Failed { reason } => reason,
                 };
@@ -526,10 +542,8 @@ impl Driver {
                     seq,
                     HookLogV1 {
                         attempt: key.attempt,
-                        phase: "late-answer".into(),
-                        outcome:
-                            "the agent answered after the action timed out; recorded, not applied"
-                                .into(),
+                        phase: agent_note::LATE_ANSWER.into(),
+                        outcome,
                         stderr: text[..cut].to_string(),
                         stderr_truncated: truncated,
                         at_ms: now,
@@ -544,6 +558,7 @@ impl Driver {
                 outcome,
                 log,
                 pool_key,
+                agent,
             } => {
                 if let Some(key) = pool_key {
                     self.acks.push(key);
@@ -566,7 +581,13 @@ impl Driver {
                         lifecycle::post_done(&mut task, &workflow, &step, outcome, now)
                     }
                     PhaseResult::Action(outcome) => {
-                        lifecycle::action_done(&mut task, &workflow, &step, outcome, now)
+                        let answered = matches!(outcome, ActionOutcome::Answered(_));
+                        let mut decision =
+                            lifecycle::action_done(&mut task, &workflow, &step, outcome, now);
+                        if let Some(agent) = &agent {
+                            decision.detail = agent_note::append(&decision.detail, answered, agent);
+                        }
+                        decision
                     }
                 };
                 self.record(w, run, task_id, task, decision, log, now, jobs)
@@ -882,6 +903,7 @@ impl Driver {
                     )),
                     log: None,
                     pool_key: None,
+                    agent: None,
                 });
                 return;
             };
@@ -902,20 +924,22 @@ impl Driver {
                     },
                     None => Some(answer.await),
                 };
-                let (outcome, pool_key) = match outcome {
+                let (outcome, pool_key, agent) = match outcome {
                     None => {
                         pool.recall(key);
-                        (ActionOutcome::TimedOut, None)
+                        (ActionOutcome::TimedOut, None, None)
                     }
                     Some(Err(_)) => (
                         ActionOutcome::Failed("the pool connection closed".into()),
                         None,
+                        None,
                     ),
-                    Some(Ok(AnswerOutcome::Answered { text })) => {
-                        (ActionOutcome::Answered(text), Some(key))
-                    }
-                    Some(Ok(AnswerOutcome::Failed { reason })) => {
-                        (ActionOutcome::Failed(reason), Some(key))
+                    Some(Ok(PoolAnswer { outcome, agent })) => {
+                        let outcome = match outcome {
+                            AnswerOutcome::Answered { text } => ActionOutcome::Answered(text),
+                            AnswerOutcome::Failed { reason } => ActionOutcome::Failed(reason),
+                        };
+                        (outcome, Some(key), agent)
                     }
                 };
                 let _ = tx.send(Event::Phase {
@@ -925,6 +949,7 @@ impl Driver {
                     outcome: PhaseResult::Action(outcome),
                     log: None,
                     pool_key,
+                    agent,
                 });
             });
             return;
@@ -994,6 +1019,7 @@ async fn perform(
                     )),
                     log: None,
                     pool_key: None,
+                    agent: None,
                 };
             }
         },
@@ -1040,6 +1066,7 @@ async fn perform(
                 outcome,
                 log,
                 pool_key: None,
+                agent: None,
             }
         }
     }

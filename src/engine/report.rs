@@ -7,7 +7,8 @@ use serde::Serialize;
 use serde_json::Value;
 use ulid::Ulid;
 
-use crate::store::{FinallyState, Reader, RunV2, StoreError, TaskV1};
+use super::agent_note::{self, LATE_ANSWER};
+use crate::store::{FinallyState, Phase, Reader, RunV2, Stage, StoreError, TaskV1};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct RunRow {
@@ -119,9 +120,9 @@ pub fn run_report(
             });
         counts.total += 1;
         match task.phase {
-            crate::store::Phase::Queued => counts.queued += 1,
-            crate::store::Phase::Completed => counts.completed += 1,
-            crate::store::Phase::Failed => {
+            Phase::Queued => counts.queued += 1,
+            Phase::Completed => counts.completed += 1,
+            Phase::Failed => {
                 counts.failed += 1;
                 failures.push(Failure {
                     task: Ulid(id).to_string(),
@@ -212,6 +213,9 @@ pub struct TransitionRow {
     pub from: Option<&'static str>,
     pub to: &'static str,
     pub detail: String,
+    /// The agent that held the task, on the transition that ended a Pool action.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -223,6 +227,9 @@ pub struct HookLogRow {
     pub outcome: String,
     pub stderr: String,
     pub stderr_truncated: bool,
+    /// The agent that sent a late answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -264,6 +271,9 @@ pub fn task_report(
             attempt: t.attempt,
             from: t.from.map(|s| s.as_str()),
             to: t.to.as_str(),
+            agent: (t.from == Some(Stage::Phase(Phase::Action)))
+                .then(|| agent_note::agent_in(&t.detail))
+                .flatten(),
             detail: t.detail,
         })
         .collect();
@@ -271,6 +281,9 @@ pub fn task_report(
         .hook_logs(run_id.0, task_id.0)?
         .into_iter()
         .map(|(seq, log)| HookLogRow {
+            agent: (log.phase == LATE_ANSWER)
+                .then(|| agent_note::agent_in(&log.outcome))
+                .flatten(),
             seq,
             at_ms: log.at_ms,
             attempt: log.attempt,

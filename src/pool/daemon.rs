@@ -310,6 +310,24 @@ fn parse_key(key: &TaskKey) -> Result<Key, String> {
     Ok((run.0, task.0, key.attempt))
 }
 
+/// The answer an entry holds, as its runner is sent it.
+fn delivery(entry: &Entry) -> Option<Reply> {
+    let EntryState::Answered {
+        outcome,
+        late,
+        agent,
+    } = &entry.state
+    else {
+        return None;
+    };
+    Some(Reply::Answer {
+        key: task_key(&entry.task),
+        outcome: outcome.clone(),
+        late: *late,
+        agent: agent.clone(),
+    })
+}
+
 fn task_key(task: &PoolTask) -> TaskKey {
     TaskKey {
         run_id: task.run_id.clone(),
@@ -416,16 +434,9 @@ impl State {
                 };
                 for (key, entry) in &self.entries {
                     if key.0 == run.0
-                        && let EntryState::Answered { outcome, late } = &entry.state
+                        && let Some(reply) = delivery(entry)
                     {
-                        self.out.push(Outgoing::Runner(
-                            tx.clone(),
-                            Reply::Answer {
-                                key: task_key(&entry.task),
-                                outcome: outcome.clone(),
-                                late: *late,
-                            },
-                        ));
+                        self.out.push(Outgoing::Runner(tx.clone(), reply));
                     }
                 }
                 self.runners.insert(run.0, (conn, tx));
@@ -462,17 +473,8 @@ impl State {
                     if let Some(existing) = self.entries.get(&key) {
                         // Idempotent: an answered task is delivered again, anything else is
                         // already on its way.
-                        if let (EntryState::Answered { outcome, late }, Some(tx)) =
-                            (&existing.state, &runner)
-                        {
-                            self.out.push(Outgoing::Runner(
-                                tx.clone(),
-                                Reply::Answer {
-                                    key: task_key(&existing.task),
-                                    outcome: outcome.clone(),
-                                    late: *late,
-                                },
-                            ));
+                        if let (Some(reply), Some(tx)) = (delivery(existing), &runner) {
+                            self.out.push(Outgoing::Runner(tx.clone(), reply));
                         }
                         continue;
                     }
@@ -734,17 +736,21 @@ impl State {
         let Some(entry) = self.entries.get_mut(&key) else {
             return;
         };
-        entry.state = EntryState::Answered {
-            outcome: outcome.clone(),
-            late,
+        let agent = match &entry.state {
+            EntryState::Assigned { agent, .. } | EntryState::Recalled { agent, .. } => {
+                Some(agent.clone())
+            }
+            EntryState::Queued { .. } | EntryState::Answered { .. } => None,
         };
-        self.dirty.push(key);
-        let reply = Reply::Answer {
-            key: task_key(&entry.task),
+        entry.state = EntryState::Answered {
             outcome,
             late,
+            agent,
         };
-        if let Some((_, tx)) = self.runners.get(&key.0) {
+        self.dirty.push(key);
+        if let Some((_, tx)) = self.runners.get(&key.0)
+            && let Some(reply) = delivery(entry)
+        {
             self.out.push(Outgoing::Runner(tx.clone(), reply));
         }
     }

@@ -115,6 +115,10 @@ pub enum Reply {
         outcome: AnswerOutcome,
         /// The runner had recalled the task: record it, do not apply it.
         late: bool,
+        /// The agent that held the task. Absent from the answers of a daemon that predates it,
+        /// and of a task no agent held.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        agent: Option<String>,
     },
     Status(StatusReport),
 }
@@ -139,4 +143,18 @@ pub struct AgentStatus {
     pub task: Option<TaskKey>,
     /// Milliseconds since the epoch when it entered that state.
     pub since_ms: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_from_a_daemon_that_does_not_name_agents_still_parses() {
+        let old = r#"{"type":"Answer","key":{"run_id":"r","task_id":"t","attempt":1},"outcome":{"outcome":"Failed","reason":"gone"},"late":true}"#;
+        let Ok(Reply::Answer { agent, late, .. }) = serde_json::from_str::<Reply>(old) else {
+            panic!("an old answer parses");
+        };
+        assert_eq!((agent, late), (None, true));
+    }
 }

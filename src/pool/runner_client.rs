@@ -27,12 +27,19 @@ use super::protocol::{AnswerOutcome, PoolTask, Reply, Request, TaskKey};
 const UNCLAIMED_AFTER: Duration = Duration::from_secs(30);
 
 /// Called with answers that arrive after the runner recalled their task.
-pub type LateAnswerSink = Box<dyn Fn(TaskKey, AnswerOutcome) + Send + Sync>;
+pub type LateAnswerSink = Box<dyn Fn(TaskKey, PoolAnswer) + Send + Sync>;
+
+/// How a task's pool work ended, and which agent did it (when the daemon says).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolAnswer {
+    pub outcome: AnswerOutcome,
+    pub agent: Option<String>,
+}
 
 enum Command {
     Dispatch {
         task: PoolTask,
-        reply: oneshot::Sender<AnswerOutcome>,
+        reply: oneshot::Sender<PoolAnswer>,
     },
     Recall(TaskKey),
     Ack(Vec<TaskKey>),
@@ -71,7 +78,7 @@ impl PoolClient {
 
     /// Submits a task; the receiver yields its answer. Registration happens synchronously, in
     /// call order, so it is in place before anything sent later.
-    pub fn dispatch(&self, task: PoolTask) -> oneshot::Receiver<AnswerOutcome> {
+    pub fn dispatch(&self, task: PoolTask) -> oneshot::Receiver<PoolAnswer> {
         let (reply, receiver) = oneshot::channel();
         let _ = self.commands.send(Command::Dispatch { task, reply });
         receiver
@@ -182,8 +189,8 @@ async fn connection_loop(
     mut commands: mpsc::UnboundedReceiver<Command>,
     late: LateAnswerSink,
 ) {
-    let mut pending: HashMap<TaskKey, (PoolTask, oneshot::Sender<AnswerOutcome>)> = HashMap::new();
-    let mut parked: HashMap<TaskKey, (AnswerOutcome, Instant)> = HashMap::new();
+    let mut pending: HashMap<TaskKey, (PoolTask, oneshot::Sender<PoolAnswer>)> = HashMap::new();
+    let mut parked: HashMap<TaskKey, (PoolAnswer, Instant)> = HashMap::new();
     // Recalled while still unanswered: an answer for them can still come, and it is late even
     // when the daemon, which answered before the recall reached it, does not say so.
     let mut recalled: HashSet<TaskKey> = HashSet::new();
@@ -262,9 +269,9 @@ async fn connection_loop(
                         match command {
                             Command::Dispatch { task, reply } => {
                                 let key = TaskKey { run_id: task.run_id.clone(), task_id: task.task_id.clone(), attempt: task.attempt };
-                                if let Some((outcome, _)) = parked.remove(&key) {
-                                    if let Err(outcome) = reply.send(outcome) {
-                                        late(key, outcome);
+                                if let Some((answer, _)) = parked.remove(&key) {
+                                    if let Err(answer) = reply.send(answer) {
+                                        late(key, answer);
                                     }
                                     continue;
                                 }
@@ -313,18 +320,19 @@ async fn connection_loop(
                     }
                 }
                 reply = reader.recv::<Reply>() => match reply {
-                    Ok(Some(Reply::Answer { key, outcome, late: is_late })) => {
+                    Ok(Some(Reply::Answer { key, outcome, late: is_late, agent })) => {
+                        let answer = PoolAnswer { outcome, agent };
                         let was_recalled = recalled.remove(&key);
                         if is_late || was_recalled {
-                            late(key, outcome);
+                            late(key, answer);
                         } else if let Some((_, reply)) = pending.remove(&key) {
                             // The task timed out just as its answer came: it is late, and
                             // recorded as such rather than dropped with the receiver.
-                            if let Err(outcome) = reply.send(outcome) {
-                                late(key, outcome);
+                            if let Err(answer) = reply.send(answer) {
+                                late(key, answer);
                             }
                         } else {
-                            parked.insert(key, (outcome, Instant::now()));
+                            parked.insert(key, (answer, Instant::now()));
                         }
                     }
                     Ok(Some(Reply::Ok)) => {

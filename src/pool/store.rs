@@ -27,7 +27,15 @@ pub enum EntryState {
     /// The runner gave up on it (action timeout) while an agent held it.
     Recalled { agent: String, since_ms: u64 },
     /// Answered; kept until the runner acknowledges it.
-    Answered { outcome: AnswerOutcome, late: bool },
+    Answered {
+        outcome: AnswerOutcome,
+        late: bool,
+        /// Who answered, for the runner to record; kept here so that a daemon restarted
+        /// between the answer and its delivery still names the agent. Absent in entries
+        /// written before it existed.
+        #[serde(default)]
+        agent: Option<String>,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -182,12 +190,14 @@ mod tests {
             EntryState::Answered {
                 outcome: AnswerOutcome::Answered { text: "[]".into() },
                 late: false,
+                agent: Some("a".into()),
             },
             EntryState::Answered {
                 outcome: AnswerOutcome::Failed {
                     reason: "gone".into(),
                 },
                 late: true,
+                agent: None,
             },
         ];
         {
@@ -215,5 +225,19 @@ mod tests {
             .map(|(_, e)| e.state)
             .collect();
         assert_eq!(loaded, states);
+    }
+
+    #[test]
+    fn an_answered_state_written_before_the_agent_was_kept_reads_without_one() {
+        let old = r#"{"Answered":{"outcome":{"outcome":"Answered","text":"[]"},"late":false}}"#;
+        let state: EntryState = serde_json::from_str(old).unwrap();
+        assert_eq!(
+            state,
+            EntryState::Answered {
+                outcome: AnswerOutcome::Answered { text: "[]".into() },
+                late: false,
+                agent: None,
+            }
+        );
     }
 }

@@ -87,7 +87,7 @@ fn validate(args: ValidateArgs) -> CliResult {
     let workflow = config::load(&args.config)?;
     if let Some(arg) = args.entrypoint_value.as_deref() {
         let value = entry_value::parse(Some(arg))?;
-        entry_value::check(&workflow, &value)?;
+        entry_value::check(&workflow, &value.to_value())?;
     }
     if args.json {
         let steps: Vec<_> = workflow

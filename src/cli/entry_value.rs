@@ -5,12 +5,14 @@ use std::path::Path;
 use serde_json::Value;
 
 use super::exit::CliError;
+use crate::engine::answer::JsonText;
 use crate::engine::config::Workflow;
 
-/// Parses `--entrypoint-value` (default `{}`).
-pub fn parse(arg: Option<&str>) -> Result<Value, CliError> {
+/// Parses `--entrypoint-value` (default `{}`), keeping its text: numbers that do not fit a
+/// float must reach the first task as they were given.
+pub fn parse(arg: Option<&str>) -> Result<JsonText, CliError> {
     let Some(arg) = arg else {
-        return Ok(Value::Object(Default::default()));
+        return JsonText::parse("{}").map_err(CliError::invalid);
     };
     let (text, origin) = match arg.strip_prefix('@') {
         Some(file) => {
@@ -21,7 +23,7 @@ pub fn parse(arg: Option<&str>) -> Result<Value, CliError> {
         }
         None => (arg.to_string(), "--entrypoint-value".to_string()),
     };
-    serde_json::from_str(&text)
+    JsonText::parse_compact(&text)
         .map_err(|e| CliError::invalid(format!("{origin}: not valid JSON: {e}")))
 }
 

@@ -6,14 +6,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Args;
-use serde_json::Value;
 use ulid::Ulid;
 
 use super::entry_value;
 use super::exit::{self, CliError, CliResult};
 use super::locations::StateDirArg;
 use super::progress::Progress;
-use crate::engine::answer::{Allowed, NewTask, validate_task_list};
+use crate::engine::answer::{Allowed, AnswerError, JsonText, NewTask, validate_tasks};
 use crate::engine::config::{self, Action, Workflow};
 use crate::engine::driver::{self, Driver, RunSummary};
 use crate::engine::run_lock::RunLock;
@@ -80,7 +79,7 @@ pub fn run(args: RunArgs) -> CliResult {
         run_id,
         &workflow,
         snapshot,
-        &entry_value,
+        entry_value.as_str(),
         first_tasks,
         session.pool.clone(),
     )
@@ -218,13 +217,18 @@ fn pool_ref(location: &PoolArgs) -> PoolRef {
     }
 }
 
-fn first_tasks(workflow: &Workflow, args: &RunArgs) -> Result<(Value, Vec<NewTask>), CliError> {
+fn first_tasks(
+    workflow: &Workflow,
+    args: &RunArgs,
+) -> Result<(JsonText, Vec<NewTask>), CliError> {
     if let Some(state) = &args.initial_state {
         let value = entry_value::parse(Some(state)).map_err(|e| {
             CliError::invalid(e.message.replace("--entrypoint-value", "--initial-state"))
         })?;
-        let tasks = validate_task_list(workflow, Allowed::AnyStep, &value)
-            .map_err(|reason| CliError::invalid(format!("--initial-state: {reason}")))?;
+        let tasks = validate_tasks(workflow, Allowed::AnyStep, value.as_str()).map_err(|e| {
+            let (AnswerError::NotJson(reason) | AnswerError::Invalid(reason)) = e;
+            CliError::invalid(format!("--initial-state: {reason}"))
+        })?;
         if tasks.is_empty() {
             return Err(CliError::invalid(
                 "--initial-state: the array is empty, so there is nothing to run",
@@ -239,8 +243,11 @@ fn first_tasks(workflow: &Workflow, args: &RunArgs) -> Result<(Value, Vec<NewTas
         )));
     };
     let value = entry_value::parse(args.entrypoint_value.as_deref())?;
-    entry_value::check(workflow, &value)?;
-    let task = NewTask::new(entry.clone(), &value);
+    entry_value::check(workflow, &value.to_value())?;
+    let task = NewTask {
+        kind: entry.clone(),
+        value: value.clone(),
+    };
     Ok((value, vec![task]))
 }
 

@@ -20,6 +20,43 @@ impl JsonText {
         serde_json::from_str(text.trim()).map(JsonText)
     }
 
+    /// `text` after checking it is one JSON document, without the whitespace between tokens.
+    pub fn parse_compact(text: &str) -> Result<Self, serde_json::Error> {
+        let raw: &RawValue = serde_json::from_str(text.trim())?;
+        Ok(Self::compact(raw))
+    }
+
+    /// `raw` (valid JSON) without the whitespace between tokens. Not re-serialised through a
+    /// `Value`: an integer beyond 64 bits or a decimal with more digits than a float holds
+    /// would come out rounded.
+    pub fn compact(raw: &RawValue) -> Self {
+        let text = raw.get();
+        let mut out = String::with_capacity(text.len());
+        let mut in_string = false;
+        let mut escaped = false;
+        for c in text.chars() {
+            if in_string {
+                out.push(c);
+                match (escaped, c) {
+                    (true, _) => escaped = false,
+                    (false, '\\') => escaped = true,
+                    (false, '"') => in_string = false,
+                    _ => {}
+                }
+            } else if !matches!(c, ' ' | '\t' | '\n' | '\r') {
+                in_string = c == '"';
+                out.push(c);
+            }
+        }
+        // Removing whitespace between tokens keeps a valid document valid.
+        RawValue::from_string(out).map_or_else(|_| JsonText(raw.to_owned()), JsonText)
+    }
+
+    /// Stored JSON text (written by drover, so valid); `null` if it is not.
+    pub fn stored(text: &str) -> Self {
+        RawValue::from_string(text.to_string()).map_or_else(|_| JsonText::null(), JsonText)
+    }
+
     /// The compact text of `value`.
     pub fn from_value(value: &Value) -> Self {
         // Serialising a `Value` yields valid JSON; the fallback is unreachable in practice.
@@ -108,7 +145,8 @@ pub fn validate_tasks(
     for (i, item) in items.iter().enumerate() {
         let checked = serde_json::from_str::<Value>(item.get())
             .map_err(|e| e.to_string())
-            .and_then(|item| validate_task(workflow, allowed, item));
+            .and_then(|parsed| validate_task(workflow, allowed, parsed))
+            .map(|task| with_raw_value(task, item));
         match checked {
             Ok(task) => tasks.push(task),
             Err(reason) => problems.push(format!("task [{i}]: {reason}")),
@@ -125,15 +163,19 @@ pub fn validate_tasks(
     }
 }
 
-/// `validate_tasks` for callers that hold the list as a `Value` already.
-pub fn validate_task_list(
-    workflow: &Workflow,
-    allowed: Allowed<'_>,
-    answer: &Value,
-) -> Result<Vec<NewTask>, String> {
-    validate_tasks(workflow, allowed, &answer.to_string()).map_err(|e| match e {
-        AnswerError::NotJson(reason) | AnswerError::Invalid(reason) => reason,
-    })
+/// The task with its value as the answer wrote it (compacted), rather than as the `Value` it was
+/// checked as: the checks see the same document, but numbers keep every digit.
+fn with_raw_value(mut task: NewTask, item: &RawValue) -> NewTask {
+    #[derive(Deserialize)]
+    struct RawTask<'a> {
+        #[serde(borrow)]
+        value: Option<&'a RawValue>,
+    }
+    // A task object with `value` twice fails here; the checked value (the last one) stays.
+    if let Ok(RawTask { value: Some(raw) }) = serde_json::from_str::<RawTask>(item.get()) {
+        task.value = JsonText::compact(raw);
+    }
+    task
 }
 
 fn validate_task(
@@ -215,23 +257,23 @@ fn type_name(value: &Value) -> &'static str {
 #[serde(tag = "kind")]
 pub enum TaskResult {
     Success {
-        input: Value,
+        input: JsonText,
         output: JsonText,
         next: Vec<NewTask>,
     },
     Timeout {
-        input: Value,
+        input: JsonText,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         next: Option<Vec<NewTask>>,
     },
     Error {
-        input: Value,
+        input: JsonText,
         error: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         next: Option<Vec<NewTask>>,
     },
     PreHookError {
-        input: Value,
+        input: JsonText,
         error: String,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         next: Option<Vec<NewTask>>,
@@ -281,20 +323,38 @@ pub fn parse_post_result(
     step: &Step,
     stdout: &str,
 ) -> Result<TaskResult, String> {
-    let value: Value = serde_json::from_str(stdout.trim())
+    let stdout = stdout.trim();
+    let value: Value = serde_json::from_str(stdout)
         .map_err(|e| format!("post hook output is not JSON: {e}"))?;
-    let Value::Object(mut object) = value else {
+    let Value::Object(object) = value else {
         return Err("post hook output must be a result object with `kind`".into());
     };
+    // The documents inside, as the hook wrote them: re-serialising the parsed `Value`s would
+    // round numbers that do not fit a float.
+    #[derive(Deserialize)]
+    struct RawResult<'a> {
+        #[serde(borrow)]
+        next: Option<&'a RawValue>,
+        #[serde(borrow)]
+        output: Option<&'a RawValue>,
+        #[serde(borrow)]
+        input: Option<&'a RawValue>,
+    }
+    let raw = serde_json::from_str::<RawResult>(stdout).map_err(|e| {
+        format!("post hook result is malformed (a field given twice?): {e}")
+    })?;
     // `next` is validated by the workflow rules, not by serde, so the reason names the task.
-    let next = match object.remove("next") {
-        None | Some(Value::Null) => None,
-        Some(next) => Some(
-            validate_task_list(workflow, Allowed::NextOf(step), &next)
+    let next = match raw.next {
+        Some(next) if next.get() != "null" => Some(
+            validate_tasks(workflow, Allowed::NextOf(step), next.get())
+                .map_err(|e| match e {
+                    AnswerError::NotJson(reason) | AnswerError::Invalid(reason) => reason,
+                })
                 .map_err(|reason| format!("post hook result `next` is invalid: {reason}"))?,
         ),
+        _ => None,
     };
-    let input = object.remove("input").unwrap_or(Value::Null);
+    let input = raw.input.map_or_else(JsonText::null, JsonText::compact);
     let error = || match object.get("error") {
         None | Some(Value::Null) => Ok(String::new()),
         Some(Value::String(error)) => Ok(error.clone()),
@@ -306,9 +366,7 @@ pub fn parse_post_result(
     let result = match object.get("kind").and_then(Value::as_str).unwrap_or("") {
         "Success" => TaskResult::Success {
             input,
-            output: object
-                .get("output")
-                .map_or_else(JsonText::null, JsonText::from_value),
+            output: raw.output.map_or_else(JsonText::null, JsonText::compact),
             next: next.unwrap_or_default(),
         },
         "Timeout" => TaskResult::Timeout { input, next },

@@ -3,7 +3,6 @@
 //! the driver supplies `now_ms`, performs the effect after committing, and turns its outcome
 //! into the next event. Each row of the contract's table is one branch here.
 
-use serde_json::Value;
 
 use super::answer::{
     Allowed, AnswerError, JsonText, NewTask, TaskResult, parse_post_result, validate_tasks,
@@ -52,10 +51,6 @@ pub struct Decision {
     pub spawn: Vec<NewTask>,
 }
 
-fn json(text: &str) -> Value {
-    serde_json::from_str(text).unwrap_or(Value::Null)
-}
-
 /// The task got a concurrency slot.
 pub fn start(task: &mut TaskV1, step: &Step, now_ms: u64) -> Decision {
     let from = task.phase;
@@ -97,9 +92,9 @@ pub fn pre_done(
 ) -> Decision {
     task.updated_ms = now_ms;
     let failure = match outcome {
-        HookOutcome::Output(stdout) => match serde_json::from_str::<Value>(stdout.trim()) {
+        HookOutcome::Output(stdout) => match JsonText::parse_compact(&stdout) {
             Ok(value) => {
-                let value = value.to_string();
+                let value = value.into_string();
                 task.phase = Phase::Action;
                 task.action_value = Some(value.clone());
                 return decision(
@@ -115,7 +110,7 @@ pub fn pre_done(
         HookOutcome::TimedOut => "pre hook timed out".to_string(),
     };
     let result = TaskResult::PreHookError {
-        input: json(&task.value),
+        input: JsonText::stored(&task.value),
         error: failure,
         next: None,
     };
@@ -131,7 +126,7 @@ pub fn action_done(
     now_ms: u64,
 ) -> Decision {
     task.updated_ms = now_ms;
-    let input = json(task.action_value.as_deref().unwrap_or(&task.value));
+    let input = JsonText::stored(task.action_value.as_deref().unwrap_or(&task.value));
     let result = match outcome {
         ActionOutcome::TimedOut => TaskResult::Timeout { input, next: None },
         ActionOutcome::Failed(error) => TaskResult::Error {

@@ -33,11 +33,7 @@ fn numbers_beyond_a_float_reach_hooks_actions_children_and_the_store_as_written(
         ),
     );
     // The pre hook passes the value on with a field added, keeping the numbers' text.
-    script(
-        flow,
-        "pre.sh",
-        "tee pre.in | sed 's/}$/, \"pre\": 1 }/'",
-    );
+    script(flow, "pre.sh", "tee pre.in | sed 's/}$/, \"pre\": 1 }/'");
     script(flow, "item.sh", "cat > action.in; echo []");
     // The post hook records its stdin and answers Success with a recovery-style extra child.
     script(

@@ -217,10 +217,7 @@ fn pool_ref(location: &PoolArgs) -> PoolRef {
     }
 }
 
-fn first_tasks(
-    workflow: &Workflow,
-    args: &RunArgs,
-) -> Result<(JsonText, Vec<NewTask>), CliError> {
+fn first_tasks(workflow: &Workflow, args: &RunArgs) -> Result<(JsonText, Vec<NewTask>), CliError> {
     if let Some(state) = &args.initial_state {
         let value = entry_value::parse(Some(state)).map_err(|e| {
             CliError::invalid(e.message.replace("--entrypoint-value", "--initial-state"))

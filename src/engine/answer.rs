@@ -324,8 +324,8 @@ pub fn parse_post_result(
     stdout: &str,
 ) -> Result<TaskResult, String> {
     let stdout = stdout.trim();
-    let value: Value = serde_json::from_str(stdout)
-        .map_err(|e| format!("post hook output is not JSON: {e}"))?;
+    let value: Value =
+        serde_json::from_str(stdout).map_err(|e| format!("post hook output is not JSON: {e}"))?;
     let Value::Object(object) = value else {
         return Err("post hook output must be a result object with `kind`".into());
     };
@@ -340,9 +340,8 @@ pub fn parse_post_result(
         #[serde(borrow)]
         input: Option<&'a RawValue>,
     }
-    let raw = serde_json::from_str::<RawResult>(stdout).map_err(|e| {
-        format!("post hook result is malformed (a field given twice?): {e}")
-    })?;
+    let raw = serde_json::from_str::<RawResult>(stdout)
+        .map_err(|e| format!("post hook result is malformed (a field given twice?): {e}"))?;
     // `next` is validated by the workflow rules, not by serde, so the reason names the task.
     let next = match raw.next {
         Some(next) if next.get() != "null" => Some(

@@ -3,7 +3,6 @@
 //! the driver supplies `now_ms`, performs the effect after committing, and turns its outcome
 //! into the next event. Each row of the contract's table is one branch here.
 
-
 use super::answer::{
     Allowed, AnswerError, JsonText, NewTask, TaskResult, parse_post_result, validate_tasks,
 };

@@ -891,3 +891,61 @@ fn an_agent_holding_two_tasks_in_the_pool_file_keeps_the_newer_one() {
     let status = pool.status_json().expect("status");
     assert_eq!(status["assigned"], 1, "{status}");
 }
+
+/// `RunEnded`: the pool forgets the run's queued tasks and its answers nobody acknowledged
+/// (deleting their response files) at once, touches no other run's tasks, and repeated (as a
+/// runner does after losing its connection before the confirmation) changes nothing.
+#[test]
+fn run_ended_forgets_the_runs_queued_and_answered_tasks_and_nothing_else() {
+    let pool = Pool::new();
+    let _daemon = pool.start();
+    let socket = pool.pool_dir().join("pool.sock");
+    let mut ended = TestRunner::connect(&pool);
+    let mut other = TestRunner::connect_to(&socket);
+    let counts = |pool: &Pool| {
+        let status = pool.status_json().expect("status");
+        (
+            status["queued"].as_u64().expect("queued"),
+            status["assigned"].as_u64().expect("assigned"),
+            status["undelivered"].as_u64().expect("undelivered"),
+        )
+    };
+
+    let answered = ended.submit(json!({"n": 1}));
+    let done = pool.run("get-task", &["--name", "a"]);
+    let AgentMessage::Task {
+        task_id,
+        response_file,
+        ..
+    } = one_message(&done.stdout)
+    else {
+        panic!("expected a task: {}", done.stdout)
+    };
+    assert_eq!(task_id, answered);
+    std::fs::write(&response_file, "[]").expect("answer written");
+    assert_eq!(ended.answer().0, answered, "delivered, never acknowledged");
+    ended.submit(json!({"n": 2}));
+    let kept = other.submit(json!({"n": 3}));
+    assert_eq!(counts(&pool), (2, 0, 1));
+
+    for _ in 0..2 {
+        ended.send_confirmed(&Request::RunEnded {
+            run_id: ended.run_id.clone(),
+        });
+        assert_eq!(
+            counts(&pool),
+            (1, 0, 0),
+            "only the other run's task is left"
+        );
+        assert!(
+            !Path::new(&response_file).exists(),
+            "the answer's file is removed"
+        );
+    }
+    let done = pool.run("get-task", &["--name", "b"]);
+    assert!(
+        matches!(one_message(&done.stdout), AgentMessage::Task { task_id, .. } if task_id == kept),
+        "the other run's task is handed out: {}",
+        done.stdout
+    );
+}

@@ -1451,3 +1451,87 @@ fn a_restarted_daemon_still_delivers_an_answer_its_runner_never_received() {
     // Who answered is kept with the answer across the restart too.
     assert_has(&first_action_end(&state, id).detail, r#"answered by "x""#);
 }
+
+/// What the agent does once the run whose task it holds has ended.
+#[derive(Clone, Copy, PartialEq)]
+enum AfterTheRun {
+    /// Writes its answer.
+    Answers,
+    /// Writes its answer while the daemon is down; the daemon is then restarted.
+    AnswersWhileTheDaemonIsDown,
+    /// Asks for a new task without answering.
+    AsksAgain,
+}
+
+/// A run whose Pool action times out (1 s) while the agent holds the task ends (exit 1); what
+/// the agent does afterwards never reaches a runner, and the pool keeps none of it: `status`
+/// settles to nothing queued, assigned or undelivered, the response file is gone, and so it
+/// stays after a daemon restart.
+fn ended_run_scenario(after: AfterTheRun) {
+    let env = Env::new();
+    let mut daemon = env.start_daemon();
+    let config = env.write_config(&json!({
+        "entrypoint": "Slow",
+        "steps": [pool_step("Slow", &[], json!({"timeout": 1, "max_retries": 0}))]
+    }));
+    let run = env.spawn_run(&config, &[]);
+    let (_, _, response_file) = env.get_task("x");
+    let done = Done::of(run, DEADLINE);
+    assert_exit(&done, 1);
+    let state = env.run_state();
+    assert_eq!(state.run.status, RunStatus::Failed);
+    let (_, task) = state.only("Slow");
+    assert_eq!(task.error.as_deref(), Some("Timeout"));
+    let status = env.status_json().expect("status");
+    assert_eq!(status["assigned"], 1, "the agent still holds it: {status}");
+
+    let mut asking = None;
+    match after {
+        AfterTheRun::Answers => {
+            std::fs::write(&response_file, "[]").expect("answer written");
+        }
+        AfterTheRun::AnswersWhileTheDaemonIsDown => {
+            daemon.kill();
+            std::fs::write(&response_file, "[]").expect("answer written");
+            daemon = env.start_daemon();
+        }
+        AfterTheRun::AsksAgain => {
+            asking = Some(env.spawn_pool("get-task", &["--name", "x"]));
+            env.wait_idle(&["x".to_string()]);
+        }
+    }
+    let settled = |status: &Value| {
+        status["queued"] == 0 && status["assigned"] == 0 && status["undelivered"] == 0
+    };
+    wait_until("the pool keeps nothing of the ended run", DEADLINE, || {
+        env.status_json().is_some_and(|s| settled(&s)) && !response_file.exists()
+    });
+    if let Some(mut asking) = asking {
+        asking.assert_alive();
+        asking.kill();
+    }
+
+    daemon.kill();
+    let _daemon = env.start_daemon();
+    let status = env.status_json().expect("status");
+    assert!(
+        settled(&status),
+        "nothing came back with a restart: {status}"
+    );
+    assert!(!response_file.exists());
+}
+
+#[test]
+fn a_late_answer_for_an_ended_run_is_discarded_with_its_file() {
+    ended_run_scenario(AfterTheRun::Answers);
+}
+
+#[test]
+fn a_late_answer_written_while_the_daemon_was_down_is_discarded_when_it_restarts() {
+    ended_run_scenario(AfterTheRun::AnswersWhileTheDaemonIsDown);
+}
+
+#[test]
+fn a_task_of_an_ended_run_is_forgotten_when_its_agent_asks_again() {
+    ended_run_scenario(AfterTheRun::AsksAgain);
+}

@@ -369,7 +369,7 @@ impl Driver {
                 }
                 if let Some(pool) = &self.pool {
                     if matches!(run.status, RunStatus::Completed | RunStatus::Failed) {
-                        pool.ack_unclaimed();
+                        pool.run_ended();
                     }
                     self.runtime.block_on(pool.flush(Duration::from_secs(2)));
                 }

@@ -370,7 +370,9 @@ impl State {
                 EntryState::Assigned {
                     agent, since_ms, ..
                 }
-                | EntryState::Recalled { agent, since_ms } => {
+                | EntryState::Recalled {
+                    agent, since_ms, ..
+                } => {
                     // An agent works on one task at a time. Two in the file (left by a daemon
                     // that lost track of one) mean it asked again after the older one.
                     let mine = (*since_ms, key);
@@ -519,7 +521,11 @@ impl State {
                     EntryState::Assigned {
                         agent, since_ms, ..
                     } => {
-                        entry.state = EntryState::Recalled { agent, since_ms };
+                        entry.state = EntryState::Recalled {
+                            agent,
+                            since_ms,
+                            run_ended: false,
+                        };
                         self.dirty.push(key);
                     }
                     EntryState::Recalled { .. } | EntryState::Answered { .. } => {}
@@ -536,13 +542,20 @@ impl State {
                             ..
                         })
                     ) {
-                        self.entries.remove(&key);
-                        self.deleted.push(key);
-                        self.out.push(Outgoing::RemoveFile(self.response_path(key)));
+                        self.forget(key);
                     }
                 }
                 Reply::Ok
             }
+            Request::RunEnded { run_id } => match Ulid::from_string(&run_id) {
+                Ok(run) => {
+                    self.run_ended(run.0);
+                    Reply::Ok
+                }
+                Err(e) => Reply::Error {
+                    message: format!("bad run id `{run_id}`: {e}"),
+                },
+            },
             Request::Status => Reply::Status(self.status()),
             Request::Kick { name } => self.kick(&name),
             Request::Stop => {
@@ -564,6 +577,56 @@ impl State {
             Request::GetTask { .. } | Request::Runner { .. } => Reply::Error {
                 message: "unexpected request on this connection".into(),
             },
+        }
+    }
+
+    /// Forgets what the pool holds of an ended run: its queued tasks and its answers (with
+    /// their response files) now; the tasks agents still hold are marked, and forgotten when
+    /// their agent answers or asks again (see `answer`). Repeating it changes nothing.
+    ///
+    /// No set of ended runs is kept: it would grow by one with every run that ever ended.
+    /// After this, all the pool holds of the run is the tasks agents still hold, one per agent
+    /// at most; the mark rides on them, so that the run ended is forgotten with its last one.
+    fn run_ended(&mut self, run: u128) {
+        let keys: Vec<Key> = self
+            .entries
+            .keys()
+            .filter(|k| k.0 == run)
+            .copied()
+            .collect();
+        for key in keys {
+            let Some(entry) = self.entries.get_mut(&key) else {
+                continue;
+            };
+            match entry.state.clone() {
+                EntryState::Queued { seq } => {
+                    self.queue.remove(&(1, seq));
+                    self.queue.remove(&(0, seq));
+                    self.forget(key);
+                }
+                EntryState::Answered { .. } => self.forget(key),
+                EntryState::Assigned {
+                    agent, since_ms, ..
+                }
+                | EntryState::Recalled {
+                    agent, since_ms, ..
+                } => {
+                    entry.state = EntryState::Recalled {
+                        agent,
+                        since_ms,
+                        run_ended: true,
+                    };
+                    self.dirty.push(key);
+                }
+            }
+        }
+    }
+
+    /// Drops an entry and, once that is committed, its response file.
+    fn forget(&mut self, key: Key) {
+        if self.entries.remove(&key).is_some() {
+            self.deleted.push(key);
+            self.out.push(Outgoing::RemoveFile(self.response_path(key)));
         }
     }
 
@@ -736,6 +799,17 @@ impl State {
         let Some(entry) = self.entries.get_mut(&key) else {
             return;
         };
+        if matches!(
+            entry.state,
+            EntryState::Recalled {
+                run_ended: true,
+                ..
+            }
+        ) {
+            // Nobody will ever take it: kept, it would stay in the pool for good.
+            self.forget(key);
+            return;
+        }
         let agent = match &entry.state {
             EntryState::Assigned { agent, .. } | EntryState::Recalled { agent, .. } => {
                 Some(agent.clone())

@@ -88,6 +88,13 @@ pub enum Request {
     Ack {
         keys: Vec<TaskKey>,
     },
+    /// The run is over (completed or failed; never sent for an interrupted run, which will be
+    /// resumed): no runner will take any more of its answers. The pool forgets the run's
+    /// queued and answered tasks at once, and those an agent still holds once the agent
+    /// answers (the answer is discarded) or asks again.
+    RunEnded {
+        run_id: String,
+    },
     Status,
     Kick {
         name: String,

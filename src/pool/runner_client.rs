@@ -1,8 +1,8 @@
 //! The runner's side of the pool: submits `Pool` actions, routes answers back to the task
 //! waiting for them, acknowledges answers once the runner has recorded them, and rides out a
 //! daemon restart by reconnecting and submitting again (the pool treats a repeat as a no-op).
-//! Recalls and acks the daemon has not confirmed yet are sent again on the new connection too
-//! (both are no-ops when repeated).
+//! Recalls, acks and the end of the run that the daemon has not confirmed yet are sent again on
+//! the new connection too (all are no-ops when repeated).
 //!
 //! An answer for a task the runner has recalled (its action timed out) goes to the late-answer
 //! sink, to be recorded and acknowledged, never applied: whether the daemon marks it late, or
@@ -14,6 +14,10 @@
 //! resumed runner re-dispatches all its pool tasks at once, so an answer still unclaimed after
 //! `UNCLAIMED_AFTER` belongs to a task that had moved on before the crash: it is acknowledged
 //! so the pool can forget it.
+//!
+//! When the run completes or fails, `run_ended` tells the pool, which then forgets the run's
+//! leftovers: answers still parked here, and late answers to recalled tasks that come after
+//! the runner has gone.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::time::{Duration, Instant};
@@ -45,8 +49,8 @@ enum Command {
     Ack(Vec<TaskKey>),
     /// Answered once the daemon has confirmed everything sent before it.
     Flush(oneshot::Sender<()>),
-    /// The run is over: every parked answer is stale.
-    AckParked,
+    /// The run is over (completed or failed).
+    RunEnded,
 }
 
 #[derive(Clone)]
@@ -98,10 +102,12 @@ impl PoolClient {
         }
     }
 
-    /// The run has ended: answers nobody claimed belong to tasks that moved on long ago, so the
-    /// pool may forget them (followed by `flush` to make sure this is sent).
-    pub fn ack_unclaimed(&self) {
-        let _ = self.commands.send(Command::AckParked);
+    /// The run has completed or failed (not interrupted: that run will be resumed and its
+    /// answers are still wanted). The pool forgets everything it holds of the run, and
+    /// discards answers that come for it later: late answers to tasks this runner recalled,
+    /// which no runner would ever acknowledge. Follow with `flush` to make sure it is sent.
+    pub fn run_ended(&self) {
+        let _ = self.commands.send(Command::RunEnded);
     }
 
     /// The runner has durably recorded these answers.
@@ -117,15 +123,15 @@ type Conn = (super::conn::LineReader, super::conn::LineWriter);
 /// A request written to the daemon and not yet confirmed.
 struct Sent {
     seq: u64,
-    /// What to send again after a reconnect (recalls and acks). Submits are not kept: the
-    /// tasks still unanswered in `pending` are what gets submitted again.
+    /// What to send again after a reconnect (recalls, acks, the end of the run). Submits are
+    /// not kept: the tasks still unanswered in `pending` are what gets submitted again.
     resend: Option<Request>,
 }
 
 /// Requests not yet confirmed. The daemon answers each request on a runner connection with
 /// `Ok` or `Error`, in order, once it is committed to the pool's file; until then a write that
 /// went through may still be lost with the daemon (killed before reading or committing it), so
-/// recalls and acks are kept to be sent again on the next connection.
+/// recalls, acks and the end of the run are kept to be sent again on the next connection.
 #[derive(Default)]
 struct Outbox {
     unconfirmed: VecDeque<Sent>,
@@ -157,7 +163,7 @@ impl Outbox {
         self.unconfirmed.front().is_none_or(|sent| sent.seq >= mark)
     }
 
-    /// A new connection: the recalls and acks to send on it first. They stay counted, in
+    /// A new connection: the requests to send on it first (all but submits). They stay counted, in
     /// their order, as the new connection's first requests; what the old connection lost
     /// with no resend (submits) is forgotten, so replies and requests pair up again.
     fn reconnected(&mut self) -> Vec<Request> {
@@ -291,16 +297,16 @@ async fn connection_loop(
                                 requests.push(Request::Ack { keys });
                             }
                             Command::Flush(done) => flushed.push(done),
-                            Command::AckParked => {
-                                let keys: Vec<TaskKey> = parked.drain().map(|(key, _)| key).collect();
-                                if !keys.is_empty() {
-                                    requests.push(Request::Ack { keys });
-                                }
+                            Command::RunEnded => {
+                                // Answers nobody claimed belong to tasks that moved on long
+                                // ago; the pool drops them with the rest of the run.
+                                parked.clear();
+                                requests.push(Request::RunEnded { run_id: run_id.clone() });
                             }
                         }
                     }
                     // Everything is counted even once the connection has failed, so that the
-                    // recalls and acks among it are sent again after reconnecting.
+                    // requests among it other than submits are sent again after reconnecting.
                     let mut broken = false;
                     if !submit.is_empty() {
                         broken |= writer.send(&Request::Submit { tasks: submit }).await.is_err();

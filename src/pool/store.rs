@@ -25,7 +25,17 @@ pub enum EntryState {
         epoch: u64,
     },
     /// The runner gave up on it (action timeout) while an agent held it.
-    Recalled { agent: String, since_ms: u64 },
+    Recalled {
+        agent: String,
+        since_ms: u64,
+        /// Its run has ended (`RunEnded`): no runner will ever take the answer, so it is
+        /// discarded when it comes, or forgotten when the agent asks again. Kept on the entry
+        /// rather than in a set of ended runs, which would only grow (see the daemon's
+        /// `run_ended`). Absent in entries written before it existed (and ignored by daemons that predate
+        /// it, which then keep the answer as before).
+        #[serde(default)]
+        run_ended: bool,
+    },
     /// Answered; kept until the runner acknowledges it.
     Answered {
         outcome: AnswerOutcome,
@@ -186,6 +196,12 @@ mod tests {
             EntryState::Recalled {
                 agent: "a".into(),
                 since_ms: 5,
+                run_ended: false,
+            },
+            EntryState::Recalled {
+                agent: "b".into(),
+                since_ms: 6,
+                run_ended: true,
             },
             EntryState::Answered {
                 outcome: AnswerOutcome::Answered { text: "[]".into() },

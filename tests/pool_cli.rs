@@ -132,6 +132,14 @@ impl Pool {
         Some(serde_json::from_str(&done.stdout).expect("status --json prints JSON"))
     }
 
+    /// (queued, assigned, undelivered) as `status --json` reports them.
+    #[track_caller]
+    fn counts(&self) -> (u64, u64, u64) {
+        let status = self.status_json().expect("status");
+        let count = |field: &str| status[field].as_u64().expect(field);
+        (count("queued"), count("assigned"), count("undelivered"))
+    }
+
     /// Waits until agent `name` is waiting in get-task.
     #[track_caller]
     fn wait_idle(&self, name: &str) {
@@ -620,17 +628,9 @@ fn runner_requests_are_confirmed_and_repeated_recalls_and_acks_change_nothing() 
     let pool = Pool::new();
     let _daemon = pool.start();
     let mut runner = TestRunner::connect(&pool);
-    let counts = |pool: &Pool| {
-        let status = pool.status_json().expect("status");
-        (
-            status["queued"].as_u64().expect("queued"),
-            status["assigned"].as_u64().expect("assigned"),
-            status["undelivered"].as_u64().expect("undelivered"),
-        )
-    };
 
     let recalled = runner.submit(json!({"n": 1}));
-    assert_eq!(counts(&pool), (1, 0, 0), "the confirmed submit is queued");
+    assert_eq!(pool.counts(), (1, 0, 0), "the confirmed submit is queued");
     let key = runner.key(&recalled);
     for _ in 0..2 {
         runner.send_confirmed(&Request::Recall {
@@ -638,7 +638,7 @@ fn runner_requests_are_confirmed_and_repeated_recalls_and_acks_change_nothing() 
             task_id: key.task_id.clone(),
             attempt: key.attempt,
         });
-        assert_eq!(counts(&pool), (0, 0, 0), "the recalled task left the queue");
+        assert_eq!(pool.counts(), (0, 0, 0), "the recalled task left the queue");
     }
 
     let answered = runner.submit(json!({"n": 2}));
@@ -657,13 +657,13 @@ fn runner_requests_are_confirmed_and_repeated_recalls_and_acks_change_nothing() 
     assert_eq!(key, runner.key(&answered));
     assert_eq!(outcome, AnswerOutcome::Answered { text: "[]".into() });
     assert!(!late);
-    assert_eq!(counts(&pool), (0, 0, 1), "kept until acknowledged");
+    assert_eq!(pool.counts(), (0, 0, 1), "kept until acknowledged");
     for _ in 0..2 {
         runner.send_confirmed(&Request::Ack {
             keys: vec![key.clone()],
         });
         assert_eq!(
-            counts(&pool),
+            pool.counts(),
             (0, 0, 0),
             "the acknowledged answer is forgotten"
         );
@@ -675,7 +675,7 @@ fn runner_requests_are_confirmed_and_repeated_recalls_and_acks_change_nothing() 
         task_id: key.task_id.clone(),
         attempt: key.attempt,
     });
-    assert_eq!(counts(&pool), (0, 0, 0));
+    assert_eq!(pool.counts(), (0, 0, 0));
 }
 
 /// A relative `--root`/`DROVER_ROOT` is taken from each command's current directory, and the
@@ -902,14 +902,6 @@ fn run_ended_forgets_the_runs_queued_and_answered_tasks_and_nothing_else() {
     let socket = pool.pool_dir().join("pool.sock");
     let mut ended = TestRunner::connect(&pool);
     let mut other = TestRunner::connect_to(&socket);
-    let counts = |pool: &Pool| {
-        let status = pool.status_json().expect("status");
-        (
-            status["queued"].as_u64().expect("queued"),
-            status["assigned"].as_u64().expect("assigned"),
-            status["undelivered"].as_u64().expect("undelivered"),
-        )
-    };
 
     let answered = ended.submit(json!({"n": 1}));
     let done = pool.run("get-task", &["--name", "a"]);
@@ -926,14 +918,14 @@ fn run_ended_forgets_the_runs_queued_and_answered_tasks_and_nothing_else() {
     assert_eq!(ended.answer().0, answered, "delivered, never acknowledged");
     ended.submit(json!({"n": 2}));
     let kept = other.submit(json!({"n": 3}));
-    assert_eq!(counts(&pool), (2, 0, 1));
+    assert_eq!(pool.counts(), (2, 0, 1));
 
     for _ in 0..2 {
         ended.send_confirmed(&Request::RunEnded {
             run_id: ended.run_id.clone(),
         });
         assert_eq!(
-            counts(&pool),
+            pool.counts(),
             (1, 0, 0),
             "only the other run's task is left"
         );

@@ -18,7 +18,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use drover::pool::protocol::AgentMessage;
@@ -27,7 +27,7 @@ use serde_json::{Value, json};
 use ulid::Ulid;
 
 mod common;
-use common::{POLL, Proc};
+use common::{Done, Proc, wait_until};
 
 /// Generous bound for conditions that normally hold within a second or two.
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -37,37 +37,6 @@ const LONG_DEADLINE: Duration = Duration::from_secs(600);
 /// The scripts' wait for the release file: bounded (60 s), and over once the test's
 /// directory is gone, so a shell loop orphaned by a failed test ends by itself.
 const RELEASE_WAIT: &str = r#"i=0; while [ ! -e "$RELEASE" ] && [ -d "${RELEASE%/*}" ] && [ "$i" -lt 1200 ]; do sleep 0.05; i=$((i + 1)); done"#;
-
-/// A finished command.
-struct Done {
-    status: ExitStatus,
-    stdout: String,
-    stderr: String,
-}
-
-impl Done {
-    fn of(mut proc: Proc, deadline: Duration) -> Done {
-        let status = proc.wait_within(deadline);
-        Done {
-            status,
-            stdout: proc.stdout(),
-            stderr: proc.stderr(),
-        }
-    }
-}
-
-/// Polls `condition` until it holds, failing the test after `deadline`.
-#[track_caller]
-fn wait_until(what: &str, deadline: Duration, mut condition: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !condition() {
-        assert!(
-            started.elapsed() < deadline,
-            "timed out after {deadline:?} waiting until {what}"
-        );
-        std::thread::sleep(POLL);
-    }
-}
 
 #[track_caller]
 fn assert_has(haystack: &str, needle: &str) {
@@ -418,6 +387,16 @@ echo ']'"#
         "name": "Fan",
         "action": {"kind": "Command", "script": script},
         "next": [target]
+    })
+}
+
+/// A Command step that waits for the release file: a run that keeps going while a test makes
+/// something happen to its other tasks.
+fn hold_step() -> Value {
+    json!({
+        "name": "Hold",
+        "action": {"kind": "Command", "script": format!("cat >/dev/null; {RELEASE_WAIT}; echo '[]'")},
+        "next": []
     })
 }
 
@@ -942,11 +921,7 @@ echo '[{"kind":"Leaf","value":{"late":true}}]'"#,
     let config = env.write_config(&json!({
         "steps": [
             pool_step("Slow", &["Leaf"], json!({"timeout": 1, "max_retries": 0})),
-            {
-                "name": "Hold",
-                "action": {"kind": "Command", "script": format!("cat >/dev/null; {RELEASE_WAIT}; echo '[]'")},
-                "next": []
-            },
+            hold_step(),
             leaf_step("Leaf", json!({}))
         ]
     }));
@@ -1043,11 +1018,7 @@ fn a_recall_lost_with_a_killed_daemon_is_sent_again_after_reconnecting() {
     let config = env.write_config(&json!({
         "steps": [
             pool_step("Slow", &[], json!({"timeout": 1, "max_retries": 0})),
-            {
-                "name": "Hold",
-                "action": {"kind": "Command", "script": format!("cat >/dev/null; {RELEASE_WAIT}; echo '[]'")},
-                "next": []
-            }
+            hold_step()
         ]
     }));
     let mut run = env.spawn_run(
@@ -1115,11 +1086,7 @@ fn an_answer_arriving_as_the_action_times_out_is_used_or_recorded_late() {
     let config = env.write_config(&json!({
         "steps": [
             pool_step("Slow", &["Leaf"], json!({"timeout": 2, "max_retries": 0})),
-            {
-                "name": "Hold",
-                "action": {"kind": "Command", "script": format!("cat >/dev/null; {RELEASE_WAIT}; echo '[]'")},
-                "next": []
-            },
+            hold_step(),
             leaf_step("Leaf", json!({}))
         ]
     }));

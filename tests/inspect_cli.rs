@@ -335,3 +335,110 @@ fn the_tree_of_a_chain_deeper_than_json_parsers_nest_is_flat_and_printed_with_bo
     );
     assert!(tree[1].starts_with("└─ Poll "), "{}", tree[1]);
 }
+
+/// migrations.md, version 2: a version-1 state file (a run record without `pool`, its config
+/// path as typed, relative) is upgraded on open, and its crashed run resumes from another
+/// directory with its hooks in the config's directory.
+#[test]
+fn a_version_1_store_is_upgraded_and_its_crashed_run_resumes() {
+    use drover::store::{RunRecord, RunV1, decode};
+    use redb::{ReadableDatabase as _, ReadableTable as _};
+    let dir = tempfile::tempdir().unwrap();
+    let flow = dir.path().join("flow");
+    std::fs::create_dir_all(dir.path().join("elsewhere")).unwrap();
+    std::fs::create_dir(&flow).unwrap();
+    write_workflow(
+        &flow,
+        r#"{"entrypoint": "Wait", "steps": [{"name": "Wait",
+            "action": {"kind": "Command", "script": "pwd -P >> ran; touch started; while [ ! -f release ]; do sleep 0.05; done; cat >/dev/null; echo []"},
+            "next": []}]}"#,
+    );
+    let state = dir.path().join("state");
+    let mut runner = Runner(
+        StdCommand::new(assert_cmd::cargo::cargo_bin("drover"))
+            .current_dir(dir.path())
+            .args(["run", "--config", "flow/workflow.jsonc", "--state-dir"])
+            .arg(&state)
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("the action to start", || flow.join("started").exists());
+    runner.0.kill().unwrap();
+    runner.0.wait().unwrap();
+
+    // Written back as version 1 wrote it.
+    let meta_table = redb::TableDefinition::<&str, u64>::new("meta");
+    let runs_table = redb::TableDefinition::<u128, &[u8]>::new("runs");
+    let open = || {
+        redb::Database::builder()
+            .set_concurrency_mode(redb::ConcurrencyMode::MultiWriter)
+            .create(state.join("drover.redb"))
+            .unwrap()
+    };
+    {
+        let db = open();
+        let txn = db.begin_write().unwrap();
+        {
+            let mut runs = txn.open_table(runs_table).unwrap();
+            let (id, current) = {
+                let (key, value) = runs.first().unwrap().unwrap();
+                (key.value(), decode::<RunRecord>(value.value()).unwrap())
+            };
+            let v1 = RunV1 {
+                config_path: "flow/workflow.jsonc".into(),
+                base_dir: current.base_dir,
+                config_snapshot: current.config_snapshot,
+                entrypoint_value: current.entrypoint_value,
+                status: current.status,
+                started_ms: current.started_ms,
+                updated_ms: current.updated_ms,
+                ended_ms: current.ended_ms,
+                tasks_total: current.tasks_total,
+                tasks_completed: current.tasks_completed,
+                tasks_failed: current.tasks_failed,
+                tasks_open: current.tasks_open,
+                next_transition: current.next_transition,
+            };
+            let bytes = postcard::to_stdvec(&RunRecord::V1(v1)).unwrap();
+            runs.insert(id, bytes.as_slice()).unwrap();
+            let mut meta = txn.open_table(meta_table).unwrap();
+            meta.insert("schema_version", 1).unwrap();
+        }
+        txn.commit().unwrap();
+    }
+
+    let runs = inspect_json(&state, &[]);
+    assert_eq!(runs[0]["status"], "crashed", "{runs}");
+    std::fs::write(flow.join("release"), "").unwrap();
+    drover()
+        .current_dir(dir.path().join("elsewhere"))
+        .arg("resume")
+        .arg("--state-dir")
+        .arg(&state)
+        .assert()
+        .code(0);
+
+    let flow_dir = std::fs::canonicalize(&flow).unwrap().display().to_string();
+    let ran = std::fs::read_to_string(flow.join("ran")).unwrap();
+    assert_eq!(ran.lines().collect::<Vec<_>>(), [&flow_dir, &flow_dir]);
+    let db = open();
+    let txn = db.begin_read().unwrap();
+    let version = txn
+        .open_table(meta_table)
+        .unwrap()
+        .get("schema_version")
+        .unwrap()
+        .unwrap()
+        .value();
+    assert_eq!(version, drover::store::tables::SCHEMA_VERSION);
+    let runs = txn.open_table(runs_table).unwrap();
+    let (_, bytes) = runs.first().unwrap().unwrap();
+    match postcard::from_bytes::<RunRecord>(bytes.value()).unwrap() {
+        RunRecord::V2(run) => {
+            assert_eq!(run.status, drover::store::RunStatus::Completed);
+            assert_eq!(run.pool, None);
+        }
+        other => panic!("the finished run is still stored as {other:?}"),
+    }
+}

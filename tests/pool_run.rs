@@ -1307,6 +1307,111 @@ fn a_kicked_busy_agent_settles_its_task_when_it_asks_again() {
     assert_eq!(held_by(&status, "y"), None, "{status}");
 }
 
+/// `kick --abandon` of an agent that died holding a task: the task is given up at once (the
+/// attempt fails with an error naming the kick, and the step's retry goes to another agent),
+/// the dead agent's later answer changes nothing (its file is deleted unread, it spawns no
+/// task and is not recorded), and its next get-task is kicked.
+#[test]
+fn kick_abandon_gives_up_the_task_of_a_dead_agent_and_another_agent_takes_the_retry() {
+    const REASON: &str = "agent `A` was kicked with --abandon while holding the task";
+    let env = Env::new();
+    let _daemon = env.start_daemon();
+    let config = env.write_config(&json!({
+        "entrypoint": "Work",
+        "steps": [
+            pool_step("Work", &["Leaf"], json!({"max_retries": 1})),
+            leaf_step("Leaf", json!({}))
+        ]
+    }));
+    let mut run = env.spawn_run(&config, &[]);
+    // A takes the task and never answers: it died.
+    let (task_id, attempt, a_response) = env.get_task("A");
+    assert_eq!(attempt, 1);
+
+    let done = env.run_pool("kick", &["--name", "A", "--abandon"]);
+    assert_exit(&done, 0);
+    assert_has(
+        &done.stderr,
+        &format!("gave up its task {task_id} (attempt 1)"),
+    );
+    // Durable before the reply: the pool already counts the task as answered, or (once the
+    // runner has recorded the error) queued again as attempt 2.
+    let status = env.status_json().expect("status");
+    assert_eq!(status["assigned"], 0, "{status}");
+    wait_until("attempt 2 waits in the queue", DEADLINE, || {
+        run.assert_alive();
+        env.status_json()
+            .is_some_and(|s| s["queued"] == 1 && s["assigned"] == 0 && s["undelivered"] == 0)
+    });
+
+    // A was alive after all and answers attempt 1, with a task that would be spawned if the
+    // answer were applied.
+    std::fs::write(&a_response, r#"[{"kind": "Leaf", "value": {"from": "A"}}]"#)
+        .expect("A's answer written");
+    wait_until("the pool deletes A's late response file", DEADLINE, || {
+        run.assert_alive();
+        !a_response.exists()
+    });
+    // A asks again: kicked, and attempt 2 stays queued for someone else.
+    let done = env.run_pool("get-task", &["--name", "A"]);
+    assert_exit(&done, 0);
+    match serde_json::from_str::<AgentMessage>(done.stdout.trim()).expect("an agent message") {
+        AgentMessage::Kicked { reason } => assert_has(&reason, "--abandon"),
+        other => panic!("A was handed {other:?}"),
+    }
+    let status = env.status_json().expect("status");
+    assert_eq!(status["queued"], 1, "{status}");
+    // Idempotent: A is gone by now, and a repeated kick says so without failing.
+    let done = env.run_pool("kick", &["--name", "A", "--abandon"]);
+    assert_exit(&done, 0);
+    assert_has(&done.stderr, "no agent named `A`");
+
+    let _b = env.agent("B", "cat >/dev/null; echo []");
+    let done = Done::of(run, DEADLINE);
+    assert_exit(&done, 0);
+
+    let state = env.run_state();
+    assert_eq!(state.run.status, RunStatus::Completed);
+    let (id, task) = state.only("Work");
+    assert_eq!(Ulid(id).to_string(), task_id);
+    assert_eq!((task.phase, task.attempt), (Phase::Completed, 2));
+    assert!(
+        state.of_step("Leaf").is_empty(),
+        "A's answer spawned nothing"
+    );
+    let report = env.inspect_task(state.id, id);
+    let action_ends: Vec<&Value> = report["transitions"]
+        .as_array()
+        .expect("transitions")
+        .iter()
+        .filter(|t| t["from"] == "action")
+        .collect();
+    assert_eq!(action_ends.len(), 2, "{report:#}");
+    let detail = |t: &Value| t["detail"].as_str().expect("detail").to_string();
+    assert_eq!(action_ends[0]["agent"], "A", "{report:#}");
+    assert_has(&detail(action_ends[0]), &format!("Error: {REASON}"));
+    assert_has(&detail(action_ends[0]), "retry as attempt 2");
+    assert_has(&detail(action_ends[0]), r#"held by "A""#);
+    assert_eq!(action_ends[1]["agent"], "B", "{report:#}");
+    assert_eq!(action_ends[1]["attempt"], 2, "{report:#}");
+    assert_has(&detail(action_ends[1]), r#"answered by "B""#);
+    let result: Value =
+        serde_json::from_str(task.result.as_deref().expect("a result")).expect("JSON");
+    assert_eq!(result["output"], json!([]), "B's answer was used");
+    assert!(
+        report["hook_logs"]
+            .as_array()
+            .expect("hook_logs")
+            .iter()
+            .all(|log| log["phase"] != "late-answer"),
+        "A's answer was not even recorded as late: {report:#}"
+    );
+    wait_until("the pool holds nothing for the run", DEADLINE, || {
+        env.status_json()
+            .is_some_and(|s| s["assigned"] == 0 && s["queued"] == 0 && s["undelivered"] == 0)
+    });
+}
+
 /// §5: `resume` re-attaches a pool task the pool still holds instead of dispatching it again,
 /// and an answer written while no runner was running is used.
 #[test]

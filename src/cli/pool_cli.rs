@@ -63,6 +63,9 @@ pub enum PoolCommand {
     /// Show the agents (state, current task, for how long) and the queue depths.
     Status(StatusArgs),
     /// Kick one agent: it receives `Kicked` now if it is waiting, else at its next get-task.
+    ///
+    /// A kick alone leaves the task a busy agent holds with it until it answers or asks again.
+    /// When the agent is dead (context exhausted, terminal closed, crashed), add --abandon.
     Kick(KickArgs),
     /// Print the agent protocol, with the exact commands for agent NAME, as markdown.
     ///
@@ -111,6 +114,12 @@ pub struct KickArgs {
     /// The agent to kick.
     #[arg(long, value_name = "NAME", value_parser = NonEmptyStringValueParser::new())]
     pub name: String,
+    /// Also give up, now, the task the agent holds (for an agent that died holding it): the
+    /// run records an error for that attempt and retries it per the step's max_retries, so
+    /// another agent can take it. A response file the agent writes afterwards is deleted
+    /// unread. Harmless for an idle or unknown agent.
+    #[arg(long)]
+    pub abandon: bool,
     #[command(flatten)]
     pub pool: PoolArgs,
 }
@@ -369,8 +378,20 @@ fn kick(args: KickArgs) -> CliResult {
     let paths = pool_paths(&args.pool)?;
     let request_kick = Request::Kick {
         name: args.name.clone(),
+        abandon: args.abandon,
     };
     match runtime()?.block_on(request(&paths, &request_kick))? {
+        Reply::Kicked { message } => {
+            crate::say!("drover-pool: {message}");
+            Ok(ExitCode::SUCCESS)
+        }
+        // A daemon that predates --abandon reads it as a plain kick and answers `Ok`.
+        Reply::Ok if args.abandon => Err(failed(format!(
+            "the daemon of pool `{}` predates --abandon: agent `{}` was kicked, but the task it \
+             holds was not given up; restart the daemon (`drover-pool stop`, then \
+             `drover-pool start`) and run this again",
+            paths.name, args.name
+        ))),
         Reply::Ok => {
             crate::say!(
                 "drover-pool: kicked agent `{}` of pool `{}`",

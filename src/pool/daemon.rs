@@ -31,6 +31,9 @@ use super::store::{Entry, EntryState, Key, PoolStore};
 
 const MAX_BATCH: usize = 4096;
 const ABANDONED: &str = "agent requested a new task without answering";
+const KICKED: &str = "kicked by drover-pool kick";
+const KICKED_ABANDON: &str =
+    "kicked by drover-pool kick --abandon: the task you held was given up; do not answer it";
 
 fn now_ms() -> u64 {
     SystemTime::now()
@@ -96,6 +99,17 @@ pub async fn run(paths: PoolPaths) -> Result<(), String> {
                 let _ = tx.send(Cmd::ResponseClosed {
                     file_name: name.to_string_lossy().into_owned(),
                 });
+            }
+        }
+    }
+    // Answers written while no daemon was running to tasks already settled go, as they would
+    // have on arrival (see `settled_response`).
+    if let Ok(dir) = std::fs::read_dir(paths.responses()) {
+        for file in dir.flatten() {
+            let name = file.file_name();
+            if response_key(&name.to_string_lossy()).is_some_and(|key| state.settled_response(key))
+            {
+                let _ = std::fs::remove_file(file.path());
             }
         }
     }
@@ -216,7 +230,8 @@ struct Waiter {
 struct Agent {
     task: Option<Key>,
     since_ms: u64,
-    kick_pending: bool,
+    /// Kicked while not waiting: the reason it is told at its next get-task.
+    kicked: Option<&'static str>,
 }
 
 /// Replies held back until the batch's commit.
@@ -326,6 +341,42 @@ fn delivery(entry: &Entry) -> Option<Reply> {
         late: *late,
         agent: agent.clone(),
     })
+}
+
+/// What `kick --abandon` did to the tasks the agent held, for its reply.
+fn describe_given_up(given_up: &[(TaskKey, bool)]) -> String {
+    if given_up.is_empty() {
+        return "; it held no task".into();
+    }
+    given_up
+        .iter()
+        .map(|(key, answered)| {
+            let task = format!(
+                "task {} (attempt {}) of run {}",
+                key.task_id, key.attempt, key.run_id
+            );
+            if *answered {
+                format!("; its {task} had a complete answer on file, which is delivered")
+            } else {
+                format!(
+                    "; gave up its {task}: the runner records an error and retries it if the step allows"
+                )
+            }
+        })
+        .collect()
+}
+
+/// The task a response file belongs to, from its name `RUN-TASK-ATTEMPT.json`.
+fn response_key(file_name: &str) -> Option<Key> {
+    let stem = file_name.strip_suffix(".json")?;
+    let mut parts = stem.splitn(3, '-');
+    let (run, task, attempt) = (parts.next()?, parts.next()?, parts.next()?);
+    parse_key(&TaskKey {
+        run_id: run.to_string(),
+        task_id: task.to_string(),
+        attempt: attempt.parse().ok()?,
+    })
+    .ok()
 }
 
 fn task_key(task: &PoolTask) -> TaskKey {
@@ -557,7 +608,7 @@ impl State {
                 },
             },
             Request::Status => Reply::Status(self.status()),
-            Request::Kick { name } => self.kick(&name),
+            Request::Kick { name, abandon } => self.kick(&name, abandon),
             Request::Stop => {
                 self.stopping = true;
                 let _ = std::fs::write(
@@ -660,7 +711,17 @@ impl State {
         }
     }
 
-    fn kick(&mut self, name: &str) -> Reply {
+    /// Kicks agent `name`: now if it is waiting, else at its next get-task. With `abandon`,
+    /// the task it holds is given up now too (see `abandon_held`), and the reply says what
+    /// happened; without it, the reply stays the plain `Ok` older clients expect.
+    fn kick(&mut self, name: &str, abandon: bool) -> Reply {
+        let reason = if abandon { KICKED_ABANDON } else { KICKED };
+        let given_up = if abandon {
+            self.abandon_held(name)
+        } else {
+            Vec::new()
+        };
+        let pool = self.paths.name.clone();
         if let Some(position) = self.waiting.iter().position(|w| w.name == name)
             && let Some(waiter) = self.waiting.remove(position)
         {
@@ -669,23 +730,94 @@ impl State {
             self.out.push(Outgoing::Agent(
                 waiter.reply,
                 Ok(AgentMessage::Kicked {
-                    reason: "kicked by drover-pool kick".into(),
+                    reason: reason.into(),
                 }),
             ));
-            return Reply::Ok;
+            if !abandon {
+                return Reply::Ok;
+            }
+            return Reply::Kicked {
+                message: format!(
+                    "agent `{name}` of pool `{pool}` was waiting for a task: kicked{}",
+                    describe_given_up(&given_up)
+                ),
+            };
         }
         match self.agents.get_mut(name) {
             Some(agent) => {
-                agent.kick_pending = true;
-                Reply::Ok
+                agent.kicked = Some(reason);
+                if !abandon {
+                    return Reply::Ok;
+                }
+                Reply::Kicked {
+                    message: format!(
+                        "agent `{name}` of pool `{pool}` kicked: it receives `Kicked` at its next get-task{}",
+                        describe_given_up(&given_up)
+                    ),
+                }
             }
-            None => Reply::Error {
+            // Not an error with --abandon: run again after the agent has gone (or by a script
+            // that does not know whether it went), it has nothing left to do.
+            None if abandon => Reply::Kicked {
                 message: format!(
-                    "no agent named `{name}` is known to pool `{}`",
-                    self.paths.name
+                    "no agent named `{name}` is known to pool `{pool}`: nobody to kick{}",
+                    describe_given_up(&given_up)
                 ),
             },
+            None => Reply::Error {
+                message: format!("no agent named `{name}` is known to pool `{pool}`"),
+            },
         }
+    }
+
+    /// Gives up, now, the task(s) the pool has as held by agent `name` (its record names one,
+    /// but the entries are what the runner waits on, so they are searched): each runner gets
+    /// an `Error` naming the kick, as for an abandoned task, and retries it if its step allows.
+    /// An answer already complete on file is delivered instead: the agent finished that work
+    /// before it went. Committed with the batch, before the kick is answered.
+    ///
+    /// The agent may still be alive and write its response file later: the entry is settled
+    /// by then, so `response_closed` deletes that file unread. That is also why a task an
+    /// earlier daemon assigned (maybe never delivered) is given up here rather than queued
+    /// again as a plain kick does: its retry is a new attempt with its own response file,
+    /// which an answer from this agent can never land in.
+    fn abandon_held(&mut self, name: &str) -> Vec<(TaskKey, bool)> {
+        if let Some(agent) = self.agents.get_mut(name) {
+            agent.task = None;
+            agent.since_ms = now_ms();
+        }
+        let mut held: Vec<(Key, bool)> = self
+            .entries
+            .iter()
+            .filter_map(|(key, entry)| match &entry.state {
+                EntryState::Assigned { agent, .. } if agent == name => Some((*key, false)),
+                EntryState::Recalled { agent, .. } if agent == name => Some((*key, true)),
+                _ => None,
+            })
+            .collect();
+        held.sort_unstable();
+        let mut given_up = Vec::new();
+        for (key, late) in held {
+            let Some(task) = self.entries.get(&key).map(|e| task_key(&e.task)) else {
+                continue;
+            };
+            // Half an answer (the agent died writing it) is not used: the kick gives it up.
+            let complete = std::fs::read_to_string(self.response_path(key))
+                .ok()
+                .filter(|text| serde_json::from_str::<serde_json::Value>(text).is_ok());
+            let answered = complete.is_some();
+            let outcome = match complete {
+                Some(text) => AnswerOutcome::Answered { text },
+                None => AnswerOutcome::Failed {
+                    reason: format!(
+                        "agent `{name}` was kicked with --abandon while holding the task"
+                    ),
+                },
+            };
+            self.answer(key, outcome, late);
+            given_up.push((task, answered));
+        }
+        given_up
     }
 
     fn get_task(
@@ -716,7 +848,7 @@ impl State {
             return;
         }
         let agent = self.agents.entry(name.clone()).or_default();
-        if agent.kick_pending {
+        if let Some(reason) = agent.kicked {
             // Asking again means the agent is done with what it held (§4): settle that before
             // the record that names it goes.
             self.release_held_task(&name);
@@ -724,7 +856,7 @@ impl State {
             self.out.push(Outgoing::Agent(
                 reply,
                 Ok(AgentMessage::Kicked {
-                    reason: "kicked by drover-pool kick".into(),
+                    reason: reason.into(),
                 }),
             ));
             return;
@@ -830,31 +962,18 @@ impl State {
     }
 
     fn response_closed(&mut self, file_name: &str) {
-        let Some(stem) = file_name.strip_suffix(".json") else {
+        let Some(key) = response_key(file_name) else {
             return;
         };
-        let mut parts = stem.splitn(3, '-');
-        let (Some(run), Some(task), Some(attempt)) = (parts.next(), parts.next(), parts.next())
-        else {
-            return;
-        };
-        let Ok(attempt) = attempt.parse::<u32>() else {
-            return;
-        };
-        let Ok(key) = parse_key(&TaskKey {
-            run_id: run.to_string(),
-            task_id: task.to_string(),
-            attempt,
-        }) else {
-            return;
-        };
-        let Some(entry) = self.entries.get(&key) else {
-            return;
-        };
-        let (agent, late) = match &entry.state {
-            EntryState::Assigned { agent, .. } => (agent.clone(), false),
-            EntryState::Recalled { agent, .. } => (agent.clone(), true),
-            _ => return,
+        let (agent, late) = match self.entries.get(&key).map(|entry| &entry.state) {
+            Some(EntryState::Assigned { agent, .. }) => (agent.clone(), false),
+            Some(EntryState::Recalled { agent, .. }) => (agent.clone(), true),
+            Some(EntryState::Queued { .. }) => return,
+            // Written after the task was settled: deleted unread (see `settled_response`).
+            Some(EntryState::Answered { .. }) | None => {
+                self.out.push(Outgoing::RemoveFile(self.response_path(key)));
+                return;
+            }
         };
         let outcome = match std::fs::read_to_string(self.response_path(key)) {
             Ok(text) => AnswerOutcome::Answered { text },
@@ -869,6 +988,17 @@ impl State {
             record.since_ms = now_ms();
         }
         self.answer(key, outcome, late);
+    }
+
+    /// Whether a response file for `key` can only be one written after its task was settled
+    /// (answered, given up by `kick --abandon`, or forgotten with its run): such a file is
+    /// deleted unread, never applied, as nothing would ever read it and, kept, it would stay in
+    /// the pool's directory for good.
+    fn settled_response(&self, key: Key) -> bool {
+        match self.entries.get(&key) {
+            None => true,
+            Some(entry) => matches!(entry.state, EntryState::Answered { .. }),
+        }
     }
 
     /// Hands queued tasks to waiting agents, first come first served.

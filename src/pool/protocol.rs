@@ -96,8 +96,15 @@ pub enum Request {
         run_id: String,
     },
     Status,
+    /// Kick agent `name`. Answered `Ok`, or `Kicked` when `abandon` is set.
     Kick {
         name: String,
+        /// Also give up the task the agent holds, now: its runner gets an `Error` as for an
+        /// abandoned task, rather than waiting for an agent that may be dead. Absent from the
+        /// requests of clients that predate it (and left out when false, so that a plain kick
+        /// reads the same to a daemon that predates it).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        abandon: bool,
     },
     Stop,
 }
@@ -128,6 +135,12 @@ pub enum Reply {
         agent: Option<String>,
     },
     Status(StatusReport),
+    /// The answer to a `Kick` with `abandon`: what happened, for the operator. A daemon that
+    /// predates `abandon` answers a plain `Ok` instead, which tells the client the task was
+    /// not given up.
+    Kicked {
+        message: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -163,5 +176,19 @@ mod tests {
             panic!("an old answer parses");
         };
         assert_eq!((agent, late), (None, true));
+    }
+
+    #[test]
+    fn a_kick_from_a_client_that_predates_abandon_still_parses_and_a_plain_kick_reads_the_same() {
+        let old = r#"{"type":"Kick","name":"a"}"#;
+        let parsed: Request = serde_json::from_str(old).expect("an old kick parses");
+        assert_eq!(
+            parsed,
+            Request::Kick {
+                name: "a".into(),
+                abandon: false
+            }
+        );
+        assert_eq!(serde_json::to_string(&parsed).expect("encodes"), old);
     }
 }

@@ -350,7 +350,7 @@ async fn connection_loop(
                         outbox.confirmed();
                         settle_flushes(&mut flushes, &outbox);
                     }
-                    Ok(Some(Reply::Status(_))) => {}
+                    Ok(Some(Reply::Status(_) | Reply::Kicked { .. })) => {}
                     Ok(None) | Err(_) => {
                         eprintln!("drover: lost the connection to pool `{}`; reconnecting", paths.name);
                         break;

@@ -1607,3 +1607,78 @@ fn a_late_answer_written_while_the_daemon_was_down_is_discarded_when_it_restarts
 fn a_task_of_an_ended_run_is_forgotten_when_its_agent_asks_again() {
     ended_run_scenario(AfterTheRun::AsksAgain);
 }
+
+/// A run that ends while its pool daemon is down cannot tell the pool (`RunEnded`): the runner
+/// says so, with the command that repairs it, and `drover resume RUN` of the finished run
+/// tells the pool once it is back (and says it could not while it is not), exiting with the
+/// run's code either way. The pool then forgets the run's late answer it was keeping.
+#[test]
+fn resume_of_a_finished_run_tells_the_pool_the_run_ended_when_its_runner_could_not() {
+    let env = Env::new();
+    let mut daemon = env.start_daemon();
+    let config = env.write_config(&json!({
+        "steps": [
+            pool_step("Slow", &[], json!({"timeout": 1, "max_retries": 0})),
+            hold_step()
+        ]
+    }));
+    let mut run = env.spawn_run(
+        &config,
+        &[
+            "--initial-state",
+            r#"[{"kind": "Slow", "value": {}}, {"kind": "Hold", "value": {}}]"#,
+        ],
+    );
+    let (_, _, response_file) = env.get_task("x");
+    wait_until("the pool task timed out", DEADLINE, || {
+        run.assert_alive();
+        env.read_run().is_some_and(|state| {
+            state
+                .of_step("Slow")
+                .first()
+                .is_some_and(|(_, t)| t.phase == Phase::Failed)
+        })
+    });
+    // The daemon goes away before the run ends, and the agent answers meanwhile.
+    daemon.kill();
+    std::fs::write(&response_file, "[]").expect("late answer written");
+    std::fs::write(env.release(), "").expect("release file");
+    let done = Done::of(run, DEADLINE);
+    assert_exit(&done, 1);
+    let run_id = Ulid(env.run_state().id).to_string();
+    assert_has(&done.stderr, "did not confirm");
+    assert_has(&done.stderr, &format!("`drover resume {run_id}`"));
+
+    // No daemon: resume cannot tell it, says so, and still exits with the run's code. No
+    // --root: the run's recorded pool is used.
+    let state_dir = env.state_arg();
+    let resume = || env.spawn_drover(&["resume", &run_id, "--state-dir", &state_dir]);
+    let done = Done::of(resume(), DEADLINE);
+    assert_exit(&done, 1);
+    assert_has(
+        &done.stderr,
+        &format!("could not tell pool `default` ({})", env.root()),
+    );
+
+    // The daemon is back, holding the late answer no runner will acknowledge.
+    let _daemon = env.start_daemon();
+    wait_until("the pool holds the late answer", DEADLINE, || {
+        env.status_json()
+            .is_some_and(|s| s["undelivered"] == 1 && s["assigned"] == 0 && s["queued"] == 0)
+    });
+    let done = Done::of(resume(), DEADLINE);
+    assert_exit(&done, 1);
+    assert_has(&done.stderr, "already finished: failed");
+    assert!(
+        !done.stderr.contains("could not tell"),
+        "the pool was told: {}",
+        done.stderr
+    );
+    wait_until("the pool forgets the ended run", DEADLINE, || {
+        env.status_json()
+            .is_some_and(|s| s["undelivered"] == 0 && s["assigned"] == 0 && s["queued"] == 0)
+    });
+    assert!(!response_file.exists(), "the answer's file went with it");
+    let state = env.run_state();
+    assert_eq!(state.run.status, RunStatus::Failed, "the run is as it was");
+}

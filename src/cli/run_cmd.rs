@@ -17,7 +17,7 @@ use crate::engine::config::{self, Action, Workflow};
 use crate::engine::driver::{self, Driver, RunSummary};
 use crate::engine::run_lock::RunLock;
 use crate::pool::paths::PoolArgs;
-use crate::pool::runner_client::PoolClient;
+use crate::pool::runner_client::{PoolClient, tell_run_ended};
 use crate::store::{PoolRef, RunStatus, RunV2, Store};
 
 #[derive(Debug, Args)]
@@ -110,10 +110,10 @@ pub fn resume(args: ResumeArgs) -> CliResult {
         None => newest_resumable(reader.runs().map_err(CliError::unavailable)?, &state_dir)?,
     };
     drop(reader);
-    match run.status {
+    let finished = match run.status {
         RunStatus::Completed => {
             crate::say!("drover: run {run_id} already finished: completed");
-            return Ok(ExitCode::SUCCESS);
+            Some(ExitCode::SUCCESS)
         }
         RunStatus::Failed => {
             crate::say!(
@@ -121,9 +121,15 @@ pub fn resume(args: ResumeArgs) -> CliResult {
                 run.tasks_failed,
                 run.tasks_total
             );
-            return Ok(ExitCode::from(exit::FAILED_TASKS));
+            Some(ExitCode::from(exit::FAILED_TASKS))
         }
-        RunStatus::Running | RunStatus::Interrupted => {}
+        RunStatus::Running | RunStatus::Interrupted => None,
+    };
+    if let Some(code) = finished {
+        if let Some(pool) = &run.pool {
+            tell_pool_run_ended(run_id, pool, args.pool.pool_wait);
+        }
+        return Ok(code);
     }
     // Hooks run where the config was when the run started, wherever `resume` is run from
     // (`config_path` may be relative to `run`'s working directory in runs stored before v2).
@@ -159,6 +165,44 @@ pub fn resume(args: ResumeArgs) -> CliResult {
     }
     crate::say!("drover: resuming run {run_id}");
     session.drive()
+}
+
+/// How long `resume` of a finished run waits for its pool daemon (at most; --pool-wait may
+/// shorten it), and then for its reply: the run's outcome must not wait long on housekeeping.
+const RUN_ENDED_WAIT: Duration = Duration::from_secs(2);
+
+/// Tells the pool a finished run used that the run is over, in case its runner could not (the
+/// daemon was away during the runner's final flush): otherwise the pool would keep the run's
+/// answers for good. Only says on stderr when that fails; the run's exit code stands.
+fn tell_pool_run_ended(run_id: Ulid, pool: &PoolRef, pool_wait: f64) {
+    let location = PoolArgs {
+        pool: Some(pool.name.clone()),
+        root: Some(PathBuf::from(&pool.root)),
+    };
+    // An unusable --pool-wait only shortens the wait to nothing; it is no reason to fail here.
+    let connect_wait = Duration::try_from_secs_f64(pool_wait)
+        .unwrap_or(Duration::ZERO)
+        .min(RUN_ENDED_WAIT);
+    let told = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the async runtime: {e}"))
+        .and_then(|runtime| {
+            runtime.block_on(tell_run_ended(
+                &location.paths(),
+                &run_id.to_string(),
+                connect_wait,
+                RUN_ENDED_WAIT,
+            ))
+        });
+    if let Err(reason) = told {
+        crate::say!(
+            "drover: could not tell pool `{}` ({}) that run {run_id} ended: {reason}; it keeps \
+             what it holds of the run until `drover resume {run_id}` reaches it",
+            pool.name,
+            pool.root
+        );
+    }
 }
 
 /// The newest run that is unfinished and not being run by a live drover process.
@@ -357,5 +401,12 @@ fn report(summary: &RunSummary) {
             summary.completed,
             summary.failed
         ),
+    }
+    if summary.pool_not_told {
+        crate::say!(
+            "drover: the pool did not confirm that run {id} ended (its daemon was away); it \
+             keeps what it holds of the run until told: run `drover resume {id}` once the pool \
+             is up"
+        );
     }
 }

@@ -28,6 +28,9 @@ pub enum Command {
     /// Validate a workflow, record a new run and drive it until no task is pending.
     Run(super::run_cmd::RunArgs),
     /// Continue an unfinished run from its stored state.
+    ///
+    /// Given a run that already finished, it runs nothing and exits with that run's code, after
+    /// telling the run's pool that the run ended (for when the daemon was away as it ended).
     Resume(super::run_cmd::ResumeArgs),
     /// Show runs, one run's summary or task tree, or one task's history (live or afterwards).
     Inspect(super::inspect_cmd::InspectArgs),

@@ -61,6 +61,10 @@ pub struct RunSummary {
     pub total: u64,
     pub completed: u64,
     pub failed: u64,
+    /// The run completed or failed, but its pool did not confirm `RunEnded` before the runner
+    /// gave up waiting (the daemon was away): the pool keeps the run's leftovers until
+    /// `drover resume RUN_ID` tells it.
+    pub pool_not_told: bool,
 }
 
 /// Progress after each commit, for the CLI to display.
@@ -367,11 +371,14 @@ impl Driver {
                 if self.interrupted {
                     self.tracker.kill_all();
                 }
+                let mut pool_not_told = false;
                 if let Some(pool) = &self.pool {
-                    if matches!(run.status, RunStatus::Completed | RunStatus::Failed) {
+                    let ended = matches!(run.status, RunStatus::Completed | RunStatus::Failed);
+                    if ended {
                         pool.run_ended();
                     }
-                    self.runtime.block_on(pool.flush(Duration::from_secs(2)));
+                    let flushed = self.runtime.block_on(pool.flush(Duration::from_secs(2)));
+                    pool_not_told = ended && !flushed;
                 }
                 return Ok(RunSummary {
                     run_id: Ulid(self.run_id),
@@ -379,6 +386,7 @@ impl Driver {
                     total: run.tasks_total,
                     completed: run.tasks_completed,
                     failed: run.tasks_failed,
+                    pool_not_told,
                 });
             }
             for job in new_jobs {

@@ -94,12 +94,13 @@ impl PoolClient {
     }
 
     /// Waits (up to `limit`) until the daemon has committed everything sent so far, so the
-    /// last acknowledgements are not lost when the runner exits.
-    pub async fn flush(&self, limit: Duration) {
+    /// last acknowledgements are not lost when the runner exits. Returns whether it did.
+    pub async fn flush(&self, limit: Duration) -> bool {
         let (done, wait) = oneshot::channel();
-        if self.commands.send(Command::Flush(done)).is_ok() {
-            let _ = tokio::time::timeout(limit, wait).await;
+        if self.commands.send(Command::Flush(done)).is_err() {
+            return false;
         }
+        matches!(tokio::time::timeout(limit, wait).await, Ok(Ok(())))
     }
 
     /// The run has completed or failed (not interrupted: that run will be resumed and its
@@ -115,6 +116,48 @@ impl PoolClient {
         if !keys.is_empty() {
             let _ = self.commands.send(Command::Ack(keys));
         }
+    }
+}
+
+/// Tells the pool at `paths` that run `run_id` is over, for a run whose own runner could not
+/// (the daemon was away during its final flush): the pool forgets what it still holds of the
+/// run, as on `RunEnded` from the runner. Waits up to `connect_wait` for a daemon, then up to
+/// `reply_wait` for its confirmation, which comes once the pool has committed it. Repeating it
+/// changes nothing.
+pub async fn tell_run_ended(
+    paths: &PoolPaths,
+    run_id: &str,
+    connect_wait: Duration,
+    reply_wait: Duration,
+) -> Result<(), String> {
+    let (mut reader, mut writer) = connect_waiting(paths, Some(connect_wait), true, "drover")
+        .await
+        .map_err(|e| match e {
+            Unreachable::Stopped => "the pool was stopped with `drover-pool stop`".to_string(),
+            Unreachable::TimedOut => format!(
+                "no pool daemon answered at {} within {:.1}s",
+                paths.socket().display(),
+                connect_wait.as_secs_f64()
+            ),
+        })?;
+    let request = Request::RunEnded {
+        run_id: run_id.to_string(),
+    };
+    let confirmed = tokio::time::timeout(reply_wait, async {
+        writer.send(&request).await?;
+        reader.recv::<Reply>().await
+    })
+    .await;
+    match confirmed {
+        Ok(Ok(Some(Reply::Ok))) => Ok(()),
+        Ok(Ok(Some(Reply::Error { message }))) => Err(format!("the pool refused: {message}")),
+        Ok(Ok(Some(other))) => Err(format!("unexpected reply from the pool daemon: {other:?}")),
+        Ok(Ok(None)) => Err("the pool daemon closed the connection without answering".into()),
+        Ok(Err(e)) => Err(format!("lost the connection to the pool daemon: {e}")),
+        Err(_) => Err(format!(
+            "the pool daemon did not confirm within {:.1}s",
+            reply_wait.as_secs_f64()
+        )),
     }
 }
 

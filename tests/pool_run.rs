@@ -256,6 +256,26 @@ impl Env {
         path.display().to_string()
     }
 
+    /// A run of a Pool task `Slow` (timing out after `timeout` s, no retries; allowed to emit
+    /// `Leaf` when `with_leaf`) beside a `Hold` task that keeps the run going until the test
+    /// releases it, so that whatever happens to `Slow` happens while its runner is live.
+    fn spawn_slow_beside_hold(&self, timeout: u64, with_leaf: bool) -> (String, Proc) {
+        let mut steps = vec![
+            pool_step(
+                "Slow",
+                if with_leaf { &["Leaf"] } else { &[] },
+                json!({"timeout": timeout, "max_retries": 0}),
+            ),
+            hold_step(),
+        ];
+        if with_leaf {
+            steps.push(leaf_step("Leaf", json!({})));
+        }
+        let config = self.write_config(&json!({ "steps": steps }));
+        let run = self.spawn_run(&config, &["--initial-state", SLOW_BESIDE_HOLD]);
+        (config, run)
+    }
+
     /// `drover run --config C --state-dir S --root R EXTRA…`, spawned.
     fn spawn_run(&self, config: &str, extra: &[&str]) -> Proc {
         let state = self.state_arg();
@@ -389,6 +409,9 @@ echo ']'"#
         "next": [target]
     })
 }
+
+/// The initial state of `Env::spawn_slow_beside_hold`.
+const SLOW_BESIDE_HOLD: &str = r#"[{"kind": "Slow", "value": {}}, {"kind": "Hold", "value": {}}]"#;
 
 /// A Command step that waits for the release file: a run that keeps going while a test makes
 /// something happen to its other tasks.
@@ -918,20 +941,7 @@ echo "$DROVER_AGENT_NAME $DROVER_TASK_ID $DROVER_ATTEMPT" >> "$AGENT_LOG"
 sleep 3
 echo '[{"kind":"Leaf","value":{"late":true}}]'"#,
     );
-    let config = env.write_config(&json!({
-        "steps": [
-            pool_step("Slow", &["Leaf"], json!({"timeout": 1, "max_retries": 0})),
-            hold_step(),
-            leaf_step("Leaf", json!({}))
-        ]
-    }));
-    let mut run = env.spawn_run(
-        &config,
-        &[
-            "--initial-state",
-            r#"[{"kind": "Slow", "value": {}}, {"kind": "Hold", "value": {}}]"#,
-        ],
-    );
+    let (_config, mut run) = env.spawn_slow_beside_hold(1, true);
 
     let late_recorded = |state: &RunState| {
         let (id, _) = state.only("Slow");
@@ -1015,19 +1025,7 @@ fn pid_with_args(args: &[&str]) -> Option<nix::unistd::Pid> {
 fn a_recall_lost_with_a_killed_daemon_is_sent_again_after_reconnecting() {
     let env = Env::new();
     let mut daemon = env.start_daemon();
-    let config = env.write_config(&json!({
-        "steps": [
-            pool_step("Slow", &[], json!({"timeout": 1, "max_retries": 0})),
-            hold_step()
-        ]
-    }));
-    let mut run = env.spawn_run(
-        &config,
-        &[
-            "--initial-state",
-            r#"[{"kind": "Slow", "value": {}}, {"kind": "Hold", "value": {}}]"#,
-        ],
-    );
+    let (_config, mut run) = env.spawn_slow_beside_hold(1, false);
     wait_until("the pool task is queued", DEADLINE, || {
         run.assert_alive();
         env.status_json().is_some_and(|s| s["queued"] == 1)
@@ -1083,16 +1081,9 @@ fn a_recall_lost_with_a_killed_daemon_is_sent_again_after_reconnecting() {
 fn an_answer_arriving_as_the_action_times_out_is_used_or_recorded_late() {
     let env = Env::new();
     let _daemon = env.start_daemon();
-    let config = env.write_config(&json!({
-        "steps": [
-            pool_step("Slow", &["Leaf"], json!({"timeout": 2, "max_retries": 0})),
-            hold_step(),
-            leaf_step("Leaf", json!({}))
-        ]
-    }));
-    let initial = r#"[{"kind": "Slow", "value": {}}, {"kind": "Hold", "value": {}}]"#;
+    let (config, mut run) = env.spawn_slow_beside_hold(2, true);
+    let initial = SLOW_BESIDE_HOLD;
     let state_dir = env.state_arg();
-    let mut run = env.spawn_run(&config, &["--initial-state", initial]);
     let (_, _, response_file) = env.get_task("x");
     let handed_at = Instant::now();
     let pid = pid_with_args(&[
@@ -1616,19 +1607,7 @@ fn a_task_of_an_ended_run_is_forgotten_when_its_agent_asks_again() {
 fn resume_of_a_finished_run_tells_the_pool_the_run_ended_when_its_runner_could_not() {
     let env = Env::new();
     let mut daemon = env.start_daemon();
-    let config = env.write_config(&json!({
-        "steps": [
-            pool_step("Slow", &[], json!({"timeout": 1, "max_retries": 0})),
-            hold_step()
-        ]
-    }));
-    let mut run = env.spawn_run(
-        &config,
-        &[
-            "--initial-state",
-            r#"[{"kind": "Slow", "value": {}}, {"kind": "Hold", "value": {}}]"#,
-        ],
-    );
+    let (_config, mut run) = env.spawn_slow_beside_hold(1, false);
     let (_, _, response_file) = env.get_task("x");
     wait_until("the pool task timed out", DEADLINE, || {
         run.assert_alive();

@@ -174,6 +174,22 @@ fn one_message(done_stdout: &str) -> AgentMessage {
     serde_json::from_str(lines[0]).expect("an agent message")
 }
 
+impl Pool {
+    /// The task id and response file of what one `get-task --name NAME` is handed.
+    #[track_caller]
+    fn take_task(&self, name: &str) -> (String, String) {
+        let done = self.run("get-task", &["--name", name]);
+        match one_message(&done.stdout) {
+            AgentMessage::Task {
+                task_id,
+                response_file,
+                ..
+            } => (task_id, response_file),
+            other => panic!("expected a task, got {other:?}"),
+        }
+    }
+}
+
 // --- without a daemon ---
 
 #[test]
@@ -642,15 +658,7 @@ fn runner_requests_are_confirmed_and_repeated_recalls_and_acks_change_nothing() 
     }
 
     let answered = runner.submit(json!({"n": 2}));
-    let done = pool.run("get-task", &["--name", "a"]);
-    let AgentMessage::Task {
-        task_id,
-        response_file,
-        ..
-    } = one_message(&done.stdout)
-    else {
-        panic!("expected a task: {}", done.stdout)
-    };
+    let (task_id, response_file) = pool.take_task("a");
     assert_eq!(task_id, answered, "the recalled task is not handed out");
     std::fs::write(&response_file, "[]").expect("answer written");
     let (key, outcome, late) = runner.answer_full();
@@ -904,15 +912,7 @@ fn run_ended_forgets_the_runs_queued_and_answered_tasks_and_nothing_else() {
     let mut other = TestRunner::connect_to(&socket);
 
     let answered = ended.submit(json!({"n": 1}));
-    let done = pool.run("get-task", &["--name", "a"]);
-    let AgentMessage::Task {
-        task_id,
-        response_file,
-        ..
-    } = one_message(&done.stdout)
-    else {
-        panic!("expected a task: {}", done.stdout)
-    };
+    let (task_id, response_file) = pool.take_task("a");
     assert_eq!(task_id, answered);
     std::fs::write(&response_file, "[]").expect("answer written");
     assert_eq!(ended.answer().0, answered, "delivered, never acknowledged");

@@ -79,7 +79,7 @@ impl AgentConnection {
                 },
             };
             if !announced_loss {
-                eprintln!(
+                crate::say!(
                     "{WHO}: lost the connection to the daemon of pool `{}` ({lost}); reconnecting",
                     paths.name
                 );
@@ -167,7 +167,7 @@ pub async fn run_agent(
                 AgentError::Failed(format!("cannot run {}: {e}", program.to_string_lossy()))
             })?;
         if !status.success() {
-            eprintln!(
+            crate::say!(
                 "drover-pool agent: {} ended with {status} on task {task_id} (attempt {attempt}); its output is sent as the answer anyway",
                 program.to_string_lossy()
             );

@@ -100,7 +100,7 @@ pub async fn connect_waiting(
         match connect(paths).await {
             Ok(conn) => {
                 if announced {
-                    eprintln!("{who}: connected to pool `{}`", paths.name);
+                    crate::say!("{who}: connected to pool `{}`", paths.name);
                 }
                 return Ok(conn);
             }
@@ -112,7 +112,7 @@ pub async fn connect_waiting(
                     return Err(Unreachable::TimedOut);
                 }
                 if !announced {
-                    eprintln!(
+                    crate::say!(
                         "{who}: waiting for the pool daemon of pool `{}` at {} ({e}); start it with `drover-pool start`",
                         paths.name,
                         paths.socket().display()

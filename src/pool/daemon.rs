@@ -115,7 +115,7 @@ pub async fn run(paths: PoolPaths) -> Result<(), String> {
     }
     let actor = tokio::spawn(actor(state, store, rx));
     tracing::info!(pool = %paths.name, socket = %socket.display(), "pool daemon started");
-    eprintln!(
+    crate::say!(
         "drover-pool: pool `{}` listening on {}",
         paths.name,
         socket.display()
@@ -144,7 +144,7 @@ pub async fn run(paths: PoolPaths) -> Result<(), String> {
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     drop(tx);
     actor.abort();
-    eprintln!("drover-pool: pool `{}` stopped", paths.name);
+    crate::say!("drover-pool: pool `{}` stopped", paths.name);
     Ok(())
 }
 
@@ -286,7 +286,7 @@ async fn actor(mut state: State, store: PoolStore, mut rx: mpsc::UnboundedReceiv
         if let Err(e) = committed {
             // Without a durable record nothing may be handed out; stop rather than lie.
             tracing::error!("{e}");
-            eprintln!("drover-pool: {e}; stopping");
+            crate::say!("drover-pool: {e}; stopping");
             let _ = state.stop.send(true);
             return;
         }

@@ -395,7 +395,7 @@ async fn connection_loop(
                     }
                     Ok(Some(Reply::Status(_) | Reply::Kicked { .. })) => {}
                     Ok(None) | Err(_) => {
-                        eprintln!("drover: lost the connection to pool `{}`; reconnecting", paths.name);
+                        crate::say!("drover: lost the connection to pool `{}`; reconnecting", paths.name);
                         break;
                     }
                 },

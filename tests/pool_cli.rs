@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
+use drover::engine::answer::JsonText;
 use drover::pool::protocol::{
     AgentMessage, AnswerOutcome, PoolTask, Reply, Request, TaskKey, TaskRef,
 };
@@ -440,7 +441,7 @@ impl TestRunner {
                 instructions: "Do it.".into(),
                 task: TaskRef {
                     kind: "Work".into(),
-                    value,
+                    value: JsonText::stored(&value.to_string()),
                 },
                 next_steps: vec![],
             }],
@@ -534,7 +535,7 @@ fn get_task_survives_a_daemon_restart_and_agent_answers_tasks() {
         panic!("expected a task: {}", get_task.stdout())
     };
     assert_eq!(task_id, first);
-    assert_eq!(task.value, json!({"n": 1}));
+    assert_eq!(task.value.to_value(), json!({"n": 1}));
     std::fs::write(&response_file, "[]").expect("answer written");
     let (answered, outcome) = runner.answer();
     assert_eq!(answered, first);
@@ -846,7 +847,7 @@ fn an_agent_holding_two_tasks_in_the_pool_file_keeps_the_newer_one() {
             instructions: "Do it.".into(),
             task: TaskRef {
                 kind: "Work".into(),
-                value: json!({}),
+                value: JsonText::stored("{}"),
             },
             next_steps: vec![],
         },

@@ -1661,3 +1661,43 @@ fn resume_of_a_finished_run_tells_the_pool_the_run_ended_when_its_runner_could_n
     let state = env.run_state();
     assert_eq!(state.run.status, RunStatus::Failed, "the run is as it was");
 }
+
+/// A task value holding numbers no float holds reaches an agent as the runner stored it,
+/// through `get-task` and through `drover-pool agent` alike (the daemon keeps the value as
+/// text, and neither side re-encodes it through a float).
+#[test]
+fn a_pool_task_value_reaches_agents_with_every_digit() {
+    const BIG: &str = "1234567890123456789012345";
+    const LONG: &str = "0.1000000000000000055511151231257827";
+    let env = Env::new();
+    let _daemon = env.start_daemon();
+    let config = env.write_config(&json!({
+        "steps": [pool_step("Work", &[], json!({}))]
+    }));
+    let initial = format!(
+        r#"[{{"kind": "Work", "value": {{"id": {BIG}, "x": {LONG}, "by": "get-task"}}}},
+            {{"kind": "Work", "value": {{"id": {BIG}, "x": {LONG}, "by": "agent"}}}}]"#
+    );
+    let run = env.spawn_run(&config, &["--initial-state", &initial]);
+    let exact = |by: &str| format!(r#""value":{{"id":{BIG},"x":{LONG},"by":"{by}"}}"#);
+
+    // One task through get-task, whose stdout is the message as the agent sees it.
+    let done = env.run_pool("get-task", &["--name", "x"]);
+    assert!(done.status.success(), "get-task: {}", done.stderr);
+    let (_, _, response_file) = task_of(&done.stdout);
+    let by = if done.stdout.contains(r#""by":"agent""#) {
+        "agent"
+    } else {
+        "get-task"
+    };
+    assert!(done.stdout.contains(&exact(by)), "{}", done.stdout);
+    std::fs::write(&response_file, "[]").expect("answer written");
+
+    // The other through a program run as an agent, which gets the message on its stdin.
+    let other = if by == "agent" { "get-task" } else { "agent" };
+    let _agent = env.agent("y", r#"cat >> "$AGENT_LOG"; echo []"#);
+    let done = Done::of(run, DEADLINE);
+    assert_exit(&done, 0);
+    let seen = std::fs::read_to_string(env.agent_log()).expect("the agent's log");
+    assert!(seen.contains(&exact(other)), "{seen}");
+}

@@ -194,7 +194,7 @@ async fn scripted_agent(paths: PoolPaths, name: String) {
         };
         // Look busy for a moment so the progress is visible.
         tokio::time::sleep(Duration::from_millis(150 + 50 * (name.len() as u64))).await;
-        let answer = answer_for(&task.kind, &task.value, attempt);
+        let answer = answer_for(&task.kind, &task.value.to_value(), attempt);
         if let Err(e) =
             crate::pool::agent::write_atomically(Path::new(&response_file), answer.as_bytes())
         {

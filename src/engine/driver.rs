@@ -16,11 +16,11 @@ use std::sync::Arc;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, channel};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde_json::{Value, json};
+use serde_json::json;
 use ulid::Ulid;
 
 use super::agent_note;
-use super::answer::NewTask;
+use super::answer::{JsonText, NewTask};
 use super::config::{Action, Step, Workflow};
 use super::lifecycle::{self, ActionOutcome, Decision, Effect, HookOutcome};
 use super::process::{ProcessOutcome, ProcessSpec, ProcessTracker};
@@ -892,7 +892,7 @@ impl Driver {
                 instructions: super::instructions::render(instructions, &step, &next_steps),
                 task: TaskRef {
                     kind: step.name.clone(),
-                    value: serde_json::from_str(value).unwrap_or(Value::Null),
+                    value: JsonText::stored(value),
                 },
                 next_steps,
             };

@@ -12,6 +12,7 @@ use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use serde_json::Value;
+use serde_json::value::RawValue;
 use tokio::io::AsyncWriteExt;
 
 use super::conn::{LineReader, LineWriter, Unreachable, connect_waiting};
@@ -63,9 +64,11 @@ impl AgentConnection {
             };
             let lost = match writer.send(&request).await {
                 Err(e) => e.to_string(),
-                Ok(()) => match reader.recv::<Value>().await {
-                    Ok(Some(value)) => {
-                        let message = parse_message(value)?;
+                // Kept as text until parsed as a message: a `Value` would round the task's
+                // numbers that no float holds.
+                Ok(()) => match reader.recv::<Box<RawValue>>().await {
+                    Ok(Some(line)) => {
+                        let message = parse_message(line.get())?;
                         if matches!(message, AgentMessage::Task { .. }) {
                             self.open = Some((reader, writer));
                         }
@@ -91,7 +94,9 @@ impl AgentConnection {
 }
 
 /// One line from the daemon: a `{"type": "Error"}` reply, or an `AgentMessage`.
-fn parse_message(value: Value) -> Result<AgentMessage, String> {
+fn parse_message(line: &str) -> Result<AgentMessage, String> {
+    let value: Value = serde_json::from_str(line)
+        .map_err(|e| format!("the pool daemon sent a message that is not JSON: {e}"))?;
     if value.get("type").and_then(Value::as_str) == Some("Error") {
         let message = value
             .get("message")
@@ -99,7 +104,7 @@ fn parse_message(value: Value) -> Result<AgentMessage, String> {
             .unwrap_or("the pool daemon refused the request without saying why");
         return Err(message.to_string());
     }
-    serde_json::from_value(value)
+    serde_json::from_str(line)
         .map_err(|e| format!("the pool daemon sent a message that is not a task: {e}"))
 }
 
@@ -242,20 +247,21 @@ mod tests {
 
     #[test]
     fn error_replies_become_errors() {
-        let refused = parse_message(json!({"type": "Error", "message": "already waiting"}));
+        let refused =
+            parse_message(&json!({"type": "Error", "message": "already waiting"}).to_string());
         assert_eq!(refused, Err("already waiting".to_string()));
     }
 
     #[test]
     fn agent_messages_parse() {
-        let kicked = parse_message(json!({"kind": "Kicked", "reason": "bye"}));
+        let kicked = parse_message(&json!({"kind": "Kicked", "reason": "bye"}).to_string());
         assert_eq!(
             kicked,
             Ok(AgentMessage::Kicked {
                 reason: "bye".into()
             })
         );
-        assert!(parse_message(json!({"kind": "Nonsense"})).is_err());
+        assert!(parse_message(&json!({"kind": "Nonsense"}).to_string()).is_err());
     }
 
     #[test]

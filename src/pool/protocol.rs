@@ -2,14 +2,24 @@
 //! agent side. One JSON object per line. The agent-facing messages (`AgentMessage`) are also
 //! exactly what `drover-pool get-task` prints, so agents see the same format the daemon sends.
 
-use serde::{Deserialize, Serialize};
+use serde::de::Error as _;
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
+use serde_json::value::RawValue;
 
-/// `{"kind": …, "value": …}` as in the workflow config.
+use crate::engine::answer::JsonText;
+
+/// `{"kind": …, "value": …}` as in the workflow config. The value is kept as its JSON text, so
+/// that a number no float holds reaches the agent as the runner stored it.
+///
+/// serde reads internally tagged enums (`Request`, `AgentMessage`) through a buffer that has
+/// already turned every number into a float or a 64-bit integer, and that cannot hold raw JSON
+/// at all; so those two enums are read by hand (`Deserialize` below): the variants that carry
+/// a `TaskRef` are parsed straight from the message's text.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TaskRef {
     pub kind: String,
-    pub value: Value,
+    pub value: JsonText,
 }
 
 /// A step the agent may answer with, and the schema its value must satisfy.
@@ -32,7 +42,7 @@ pub struct PoolTask {
 }
 
 /// What `get-task` prints: a task to do, or an order to exit.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind")]
 pub enum AgentMessage {
     Task {
@@ -62,7 +72,7 @@ pub enum AnswerOutcome {
 /// in order, once the daemon has committed it: the runner counts them to know which recalls
 /// and acknowledgements to send again after a reconnect. `Answer`s are pushed in between.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "type")]
+#[serde(tag = "type", remote = "Request")]
 pub enum Request {
     /// An agent asks for work; answered by one `AgentMessage` line.
     GetTask {
@@ -165,6 +175,82 @@ pub struct AgentStatus {
     pub since_ms: u64,
 }
 
+/// A message's text, then its tag: what the hand-written readers below dispatch on.
+fn raw_and_tag<'de, D: Deserializer<'de>>(
+    deserializer: D,
+    tag: &'static str,
+) -> Result<(Box<RawValue>, String), D::Error> {
+    let raw = Box::<RawValue>::deserialize(deserializer)?;
+    let object: serde_json::Map<String, Value> =
+        serde_json::from_str(raw.get()).map_err(D::Error::custom)?;
+    match object.get(tag) {
+        Some(Value::String(kind)) => Ok((raw.clone(), kind.clone())),
+        _ => Err(D::Error::custom(format!("missing field `{tag}`"))),
+    }
+}
+
+impl<'de> Deserialize<'de> for AgentMessage {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Task {
+            task_id: String,
+            attempt: u32,
+            response_file: String,
+            instructions: String,
+            task: TaskRef,
+            next_steps: Vec<NextStep>,
+        }
+        #[derive(Deserialize)]
+        struct Kicked {
+            reason: String,
+        }
+        let (raw, kind) = raw_and_tag(deserializer, "kind")?;
+        match kind.as_str() {
+            "Task" => {
+                let t: Task = serde_json::from_str(raw.get()).map_err(D::Error::custom)?;
+                Ok(AgentMessage::Task {
+                    task_id: t.task_id,
+                    attempt: t.attempt,
+                    response_file: t.response_file,
+                    instructions: t.instructions,
+                    task: t.task,
+                    next_steps: t.next_steps,
+                })
+            }
+            "Kicked" => {
+                let k: Kicked = serde_json::from_str(raw.get()).map_err(D::Error::custom)?;
+                Ok(AgentMessage::Kicked { reason: k.reason })
+            }
+            other => Err(D::Error::unknown_variant(other, &["Task", "Kicked"])),
+        }
+    }
+}
+
+impl Serialize for Request {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        Request::serialize(self, serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Request {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        struct Submit {
+            tasks: Vec<PoolTask>,
+        }
+        let (raw, kind) = raw_and_tag(deserializer, "type")?;
+        if kind == "Submit" {
+            let submit: Submit = serde_json::from_str(raw.get()).map_err(D::Error::custom)?;
+            return Ok(Request::Submit {
+                tasks: submit.tasks,
+            });
+        }
+        // No other variant holds raw JSON: the derived reader is right for them.
+        let mut reader = serde_json::Deserializer::from_str(raw.get());
+        Request::deserialize(&mut reader).map_err(D::Error::custom)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -190,5 +276,24 @@ mod tests {
             }
         );
         assert_eq!(serde_json::to_string(&parsed).expect("encodes"), old);
+    }
+
+    #[test]
+    fn submitted_and_handed_out_values_keep_every_digit() {
+        let value = r#"{"id":1234567890123456789012345,"x":0.1000000000000000055511151231257827}"#;
+        let task = format!(
+            r#"{{"run_id":"r","task_id":"t","attempt":1,"instructions":"i","task":{{"kind":"K","value":{value}}},"next_steps":[]}}"#
+        );
+        let submit = format!(r#"{{"type":"Submit","tasks":[{task}]}}"#);
+        let parsed: Request = serde_json::from_str(&submit).expect("a submit parses");
+        assert_eq!(serde_json::to_string(&parsed).expect("encodes"), submit);
+
+        let message = format!(
+            r#"{{"kind":"Task","task_id":"t","attempt":1,"response_file":"/f","instructions":"i","task":{{"kind":"K","value":{value}}},"next_steps":[]}}"#
+        );
+        let parsed: AgentMessage = serde_json::from_str(&message).expect("a task parses");
+        assert_eq!(serde_json::to_string(&parsed).expect("encodes"), message);
+        assert!(serde_json::from_str::<AgentMessage>(r#"{"kind":"Nope"}"#).is_err());
+        assert!(serde_json::from_str::<Request>(r#"{"name":"a"}"#).is_err());
     }
 }

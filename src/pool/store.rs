@@ -182,7 +182,7 @@ mod tests {
             instructions: "do it".into(),
             task: TaskRef {
                 kind: "A".into(),
-                value: serde_json::json!({"n": 1}),
+                value: crate::engine::answer::JsonText::stored(r#"{"n":1}"#),
             },
             next_steps: Vec::new(),
         };

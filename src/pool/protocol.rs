@@ -175,18 +175,28 @@ pub struct AgentStatus {
     pub since_ms: u64,
 }
 
-/// A message's text, then its tag: what the hand-written readers below dispatch on.
+/// A message's text, then its tag: what the hand-written readers below dispatch on. The tag
+/// is read without building the rest (serde skips unknown fields without allocating).
 fn raw_and_tag<'de, D: Deserializer<'de>>(
     deserializer: D,
     tag: &'static str,
 ) -> Result<(Box<RawValue>, String), D::Error> {
-    let raw = Box::<RawValue>::deserialize(deserializer)?;
-    let object: serde_json::Map<String, Value> =
-        serde_json::from_str(raw.get()).map_err(D::Error::custom)?;
-    match object.get(tag) {
-        Some(Value::String(kind)) => Ok((raw.clone(), kind.clone())),
-        _ => Err(D::Error::custom(format!("missing field `{tag}`"))),
+    #[derive(Deserialize)]
+    struct Kind {
+        kind: String,
     }
+    #[derive(Deserialize)]
+    struct Type {
+        #[serde(rename = "type")]
+        kind: String,
+    }
+    let raw = Box::<RawValue>::deserialize(deserializer)?;
+    let kind = match tag {
+        "type" => serde_json::from_str::<Type>(raw.get()).map(|t| t.kind),
+        _ => serde_json::from_str::<Kind>(raw.get()).map(|k| k.kind),
+    }
+    .map_err(D::Error::custom)?;
+    Ok((raw, kind))
 }
 
 impl<'de> Deserialize<'de> for AgentMessage {

@@ -410,6 +410,14 @@ echo ']'"#
     })
 }
 
+/// A Pool step `Work` (with `options`) that may emit `Leaf`, a Command step answering `[]`.
+fn work_then_leaf(options: Value) -> Value {
+    json!({
+        "entrypoint": "Work",
+        "steps": [pool_step("Work", &["Leaf"], options), leaf_step("Leaf", json!({}))]
+    })
+}
+
 /// The initial state of `Env::spawn_slow_beside_hold`.
 const SLOW_BESIDE_HOLD: &str = r#"[{"kind": "Slow", "value": {}}, {"kind": "Hold", "value": {}}]"#;
 
@@ -1307,13 +1315,7 @@ fn kick_abandon_gives_up_the_task_of_a_dead_agent_and_another_agent_takes_the_re
     const REASON: &str = "agent `A` was kicked with --abandon while holding the task";
     let env = Env::new();
     let _daemon = env.start_daemon();
-    let config = env.write_config(&json!({
-        "entrypoint": "Work",
-        "steps": [
-            pool_step("Work", &["Leaf"], json!({"max_retries": 1})),
-            leaf_step("Leaf", json!({}))
-        ]
-    }));
+    let config = env.write_config(&work_then_leaf(json!({"max_retries": 1})));
     let mut run = env.spawn_run(&config, &[]);
     // A takes the task and never answers: it died.
     let (task_id, attempt, a_response) = env.get_task("A");
@@ -1409,13 +1411,7 @@ fn kick_abandon_gives_up_the_task_of_a_dead_agent_and_another_agent_takes_the_re
 fn resume_reattaches_pool_work_and_uses_an_answer_written_while_the_runner_was_dead() {
     let env = Env::new();
     let _daemon = env.start_daemon();
-    let config = env.write_config(&json!({
-        "entrypoint": "Work",
-        "steps": [
-            pool_step("Work", &["Leaf"], json!({"max_retries": 0})),
-            leaf_step("Leaf", json!({}))
-        ]
-    }));
+    let config = env.write_config(&work_then_leaf(json!({"max_retries": 0})));
     let mut run = env.spawn_run(&config, &[]);
     let (task_id, attempt, response_file) = env.get_task("x");
     assert_eq!(attempt, 1);
@@ -1480,13 +1476,7 @@ fn resume_reattaches_pool_work_and_uses_an_answer_written_while_the_runner_was_d
 fn a_restarted_daemon_still_delivers_an_answer_its_runner_never_received() {
     let env = Env::new();
     let mut daemon = env.start_daemon();
-    let config = env.write_config(&json!({
-        "entrypoint": "Work",
-        "steps": [
-            pool_step("Work", &["Leaf"], json!({"max_retries": 0})),
-            leaf_step("Leaf", json!({}))
-        ]
-    }));
+    let config = env.write_config(&work_then_leaf(json!({"max_retries": 0})));
     let mut run = env.spawn_run(&config, &[]);
     let (_, _, response_file) = env.get_task("x");
     run.kill();

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use assert_cmd::Command;
 use drover::store::{
-    FinallyState, HookLogV1, Phase, RunStatus, RunV2, Stage, Store, TaskV1, TransitionV1,
+    FinallyState, HookLogV2, Phase, RunStatus, RunV2, Stage, Store, TaskV1, TransitionV2,
 };
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -158,10 +158,10 @@ struct Stored {
     /// In creation order.
     tasks: Vec<(u128, TaskV1)>,
     /// The run's transitions, in sequence order.
-    transitions: Vec<(u64, TransitionV1)>,
+    transitions: Vec<(u64, TransitionV2)>,
     /// Each task's transitions as `task_transitions` returns them.
-    by_task: HashMap<u128, Vec<(u64, TransitionV1)>>,
-    hook_logs: HashMap<u128, Vec<HookLogV1>>,
+    by_task: HashMap<u128, Vec<(u64, TransitionV2)>>,
+    hook_logs: HashMap<u128, Vec<HookLogV2>>,
 }
 
 impl Stored {
@@ -232,7 +232,7 @@ impl Stored {
     }
 
     /// Transitions of `task` into `stage`.
-    fn entering(&self, task: u128, stage: Stage) -> Vec<&TransitionV1> {
+    fn entering(&self, task: u128, stage: Stage) -> Vec<&TransitionV2> {
         self.by_task[&task]
             .iter()
             .map(|(_, t)| t)

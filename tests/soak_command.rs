@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use drover::store::{FinallyState, Phase, RunStatus, RunV2, Stage, Store, TaskV1, TransitionV1};
+use drover::store::{FinallyState, Phase, RunStatus, RunV2, Stage, Store, TaskV1, TransitionV2};
 use nix::errno::Errno;
 use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::{Pid, getpgid};
@@ -442,7 +442,7 @@ struct Recorded {
     run: RunV2,
     tasks: BTreeMap<u128, TaskV1>,
     open_children: HashMap<u128, u64>,
-    transitions: HashMap<u128, Vec<(u64, TransitionV1)>>,
+    transitions: HashMap<u128, Vec<(u64, TransitionV2)>>,
     children: HashMap<u128, Vec<u128>>,
 }
 
@@ -459,7 +459,7 @@ impl Recorded {
                 assert!(tasks.insert(id, task).is_none(), "task {} twice", Ulid(id));
             })
             .unwrap();
-        let mut transitions: HashMap<u128, Vec<(u64, TransitionV1)>> = HashMap::new();
+        let mut transitions: HashMap<u128, Vec<(u64, TransitionV2)>> = HashMap::new();
         let mut last_seq = None;
         reader
             .for_each_transition(run_id, |seq, t| {

@@ -51,7 +51,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use drover::store::{FinallyState, Phase, RunStatus, RunV2, Stage, Store, TaskV1, TransitionV1};
+use drover::store::{FinallyState, Phase, RunStatus, RunV2, Stage, Store, TaskV1, TransitionV2};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
@@ -634,7 +634,7 @@ impl Progress {
 struct Recorded {
     run: RunV2,
     tasks: BTreeMap<u128, TaskV1>,
-    transitions: HashMap<u128, Vec<(u64, TransitionV1)>>,
+    transitions: HashMap<u128, Vec<(u64, TransitionV2)>>,
     children: HashMap<u128, Vec<u128>>,
 }
 
@@ -651,7 +651,7 @@ impl Recorded {
                 assert!(tasks.insert(id, task).is_none(), "task {} twice", Ulid(id));
             })
             .unwrap();
-        let mut transitions: HashMap<u128, Vec<(u64, TransitionV1)>> = HashMap::new();
+        let mut transitions: HashMap<u128, Vec<(u64, TransitionV2)>> = HashMap::new();
         let mut last_seq = None;
         reader
             .for_each_transition(run_id, |seq, t| {
@@ -701,7 +701,7 @@ impl Recorded {
         format!("{} ({} {})", Ulid(id), task.step, task.value)
     }
 
-    fn transitions(&self, id: u128) -> &[(u64, TransitionV1)] {
+    fn transitions(&self, id: u128) -> &[(u64, TransitionV2)] {
         self.transitions.get(&id).map_or(&[], Vec::as_slice)
     }
 
@@ -715,7 +715,7 @@ impl Recorded {
     }
 
     /// Retries recorded for `id`: transitions back to `queued` from a phase.
-    fn retries(&self, id: u128) -> Vec<&TransitionV1> {
+    fn retries(&self, id: u128) -> Vec<&TransitionV2> {
         self.transitions(id)
             .iter()
             .filter(|(_, t)| t.to == Stage::Phase(Phase::Queued) && t.from.is_some())

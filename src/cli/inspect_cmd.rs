@@ -278,17 +278,24 @@ fn print_task(task: &TaskReport) -> CliResult {
             tr.attempt.to_string(),
             tr.from.unwrap_or("-").to_string(),
             tr.to.to_string(),
-            tr.detail.clone(),
+            match &tr.agent {
+                Some(agent) => format!("{} (agent {agent})", tr.detail),
+                None => tr.detail.clone(),
+            },
         ]);
     }
     println!("{t}");
     for log in &task.hook_logs {
         println!(
-            "{} attempt {} at {}: {}{}",
+            "{} attempt {} at {}: {}{}{}",
             log.phase,
             log.attempt,
             format_utc(log.at_ms),
             log.outcome,
+            log.agent
+                .as_ref()
+                .map(|agent| format!(" (agent {agent})"))
+                .unwrap_or_default(),
             if log.stderr_truncated {
                 " (stderr truncated; last part shown)"
             } else {

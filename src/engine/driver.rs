@@ -19,7 +19,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::json;
 use ulid::Ulid;
 
-use super::agent_note;
 use super::answer::{JsonText, NewTask};
 use super::config::{Action, Step, Workflow};
 use super::lifecycle::{self, ActionOutcome, Decision, Effect, HookOutcome};
@@ -28,8 +27,8 @@ use crate::pool::protocol::{AnswerOutcome, PoolTask, TaskKey, TaskRef};
 use crate::pool::runner_client::{LateAnswerSink, PoolAnswer, PoolClient};
 use crate::store::tables::FINALLY_CODE;
 use crate::store::{
-    FinallyState, HookLogV1, Phase, PoolRef, RunStatus, RunV2, Stage, Store, StoreError, TaskV1,
-    TransitionV1, Writer,
+    FinallyState, HookLogV2, LATE_ANSWER, Phase, PoolRef, RunStatus, RunV2, Stage, Store,
+    StoreError, TaskV1, TransitionV2, Writer,
 };
 
 /// Largest stdout kept from a hook or command (a large fan-out answer fits comfortably).
@@ -78,7 +77,7 @@ enum Event {
         attempt: u32,
         phase: Phase,
         outcome: PhaseResult,
-        log: Option<HookLogV1>,
+        log: Option<HookLogV2>,
         /// The pool answer this event carries, acknowledged once committed.
         pool_key: Option<TaskKey>,
         /// The agent that did the pool work, named in the action's transition.
@@ -91,7 +90,7 @@ enum Event {
     Finally {
         task: u128,
         outcome: HookOutcome,
-        log: Option<HookLogV1>,
+        log: Option<HookLogV2>,
     },
     Interrupt,
 }
@@ -232,7 +231,7 @@ fn spawn_tasks(
         w.transition(
             run_id,
             run,
-            TransitionV1 {
+            TransitionV2 {
                 task: id,
                 attempt: 1,
                 from: None,
@@ -242,6 +241,7 @@ fn spawn_tasks(
                     Some(p) => format!("created by {}", Ulid(p)),
                     None => "created".to_string(),
                 },
+                agent: None,
             },
         )?;
         count += 1;
@@ -527,11 +527,6 @@ impl Driver {
                         "the agent ended without an answer after the action timed out"
                     }
                 };
-                let answered = matches!(answer.outcome, AnswerOutcome::Answered { .. });
-                let outcome = match &answer.agent {
-                    Some(agent) => agent_note::append(summary, answered, agent),
-                    None => summary.to_string(),
-                };
                 let text = match answer.outcome {
                     AnswerOutcome::Answered { text } => text,
                     AnswerOutcome::Failed { reason } => reason,
@@ -548,13 +543,14 @@ impl Driver {
                     self.run_id,
                     task_id.0,
                     seq,
-                    HookLogV1 {
+                    HookLogV2 {
                         attempt: key.attempt,
-                        phase: agent_note::LATE_ANSWER.into(),
-                        outcome,
+                        phase: LATE_ANSWER.into(),
+                        outcome: summary.into(),
                         stderr: text[..cut].to_string(),
                         stderr_truncated: truncated,
                         at_ms: now,
+                        agent: answer.agent,
                     },
                 )?;
                 Ok(())
@@ -589,16 +585,10 @@ impl Driver {
                         lifecycle::post_done(&mut task, &workflow, &step, outcome, now)
                     }
                     PhaseResult::Action(outcome) => {
-                        let answered = matches!(outcome, ActionOutcome::Answered(_));
-                        let mut decision =
-                            lifecycle::action_done(&mut task, &workflow, &step, outcome, now);
-                        if let Some(agent) = &agent {
-                            decision.detail = agent_note::append(&decision.detail, answered, agent);
-                        }
-                        decision
+                        lifecycle::action_done(&mut task, &workflow, &step, outcome, now)
                     }
                 };
-                self.record(w, run, task_id, task, decision, log, now, jobs)
+                self.record(w, run, task_id, task, decision, log, agent, now, jobs)
             }
             Event::Finally {
                 task: task_id,
@@ -647,13 +637,14 @@ impl Driver {
                 let seq = w.transition(
                     self.run_id,
                     run,
-                    TransitionV1 {
+                    TransitionV2 {
                         task: task_id,
                         attempt: task.attempt,
                         from: Some(Stage::FinallyRunning),
                         to: stage,
                         at_ms: now,
                         detail,
+                        agent: None,
                     },
                 )?;
                 if let Some(log) = log {
@@ -673,7 +664,9 @@ impl Driver {
         task_id: u128,
         task: TaskV1,
         decision: Decision,
-        log: Option<HookLogV1>,
+        log: Option<HookLogV2>,
+        // The pool agent whose work ended an action.
+        agent: Option<String>,
         now: u64,
         jobs: &mut Vec<Job>,
     ) -> Result<(), StoreError> {
@@ -687,13 +680,14 @@ impl Driver {
         let seq = w.transition(
             self.run_id,
             run,
-            TransitionV1 {
+            TransitionV2 {
                 task: task_id,
                 attempt,
                 from: Some(Stage::Phase(decision.from)),
                 to: Stage::Phase(decision.to),
                 at_ms: now,
                 detail: decision.detail.clone(),
+                agent,
             },
         )?;
         if let Some(log) = log {
@@ -776,13 +770,14 @@ impl Driver {
                 w.transition(
                     self.run_id,
                     run,
-                    TransitionV1 {
+                    TransitionV2 {
                         task: task_id,
                         attempt: task.attempt,
                         from: Some(Stage::Phase(task.phase)),
                         to: Stage::FinallyRunning,
                         at_ms: now,
                         detail: "task and all descendants settled".into(),
+                        agent: None,
                     },
                 )?;
                 self.finally_running += 1;
@@ -861,7 +856,7 @@ impl Driver {
             let decision = lifecycle::start(&mut task, &step, now);
             self.in_flight += 1;
             self.in_flight_by_step[i] += 1;
-            self.record(w, run, task_id, task, decision, None, now, jobs)?;
+            self.record(w, run, task_id, task, decision, None, None, now, jobs)?;
         }
         // The earliest delayed task decides when to look again.
         Ok(heads
@@ -1086,14 +1081,15 @@ fn interpret(
     outcome: ProcessOutcome,
     attempt: u32,
     phase: &str,
-) -> (Option<HookOutcome>, Option<HookLogV1>) {
-    let log = |outcome: String, stderr: &[u8], truncated: bool| HookLogV1 {
+) -> (Option<HookOutcome>, Option<HookLogV2>) {
+    let log = |outcome: String, stderr: &[u8], truncated: bool| HookLogV2 {
         attempt,
         phase: phase.to_string(),
         outcome,
         stderr: String::from_utf8_lossy(stderr).into_owned(),
         stderr_truncated: truncated,
         at_ms: now_ms(),
+        agent: None,
     };
     match outcome {
         ProcessOutcome::Exited {

@@ -1,6 +1,5 @@
 //! The workflow: config model and validation, the task lifecycle, scheduling.
 
-pub mod agent_note;
 pub mod answer;
 pub mod config;
 pub mod driver;

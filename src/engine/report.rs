@@ -7,8 +7,7 @@ use serde::Serialize;
 use serde_json::Value;
 use ulid::Ulid;
 
-use super::agent_note::{self, LATE_ANSWER};
-use crate::store::{FinallyState, Phase, Reader, RunV2, Stage, StoreError, TaskV1};
+use crate::store::{FinallyState, Phase, Reader, RunV2, StoreError, TaskV1};
 
 #[derive(Debug, Clone, Serialize)]
 pub struct RunRow {
@@ -271,9 +270,7 @@ pub fn task_report(
             attempt: t.attempt,
             from: t.from.map(|s| s.as_str()),
             to: t.to.as_str(),
-            agent: (t.from == Some(Stage::Phase(Phase::Action)))
-                .then(|| agent_note::agent_in(&t.detail))
-                .flatten(),
+            agent: t.agent,
             detail: t.detail,
         })
         .collect();
@@ -281,9 +278,7 @@ pub fn task_report(
         .hook_logs(run_id.0, task_id.0)?
         .into_iter()
         .map(|(seq, log)| HookLogRow {
-            agent: (log.phase == LATE_ANSWER)
-                .then(|| agent_note::agent_in(&log.outcome))
-                .flatten(),
+            agent: log.agent,
             seq,
             at_ms: log.at_ms,
             attempt: log.attempt,

@@ -213,6 +213,7 @@ impl TaskV1 {
     }
 }
 
+/// A transition as version 1 stored it; read as [`TransitionV2`] with no agent.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TransitionV1 {
     pub task: u128,
@@ -224,6 +225,38 @@ pub struct TransitionV1 {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TransitionV2 {
+    pub task: u128,
+    pub attempt: u32,
+    pub from: Option<Stage>,
+    pub to: Stage,
+    pub at_ms: u64,
+    pub detail: String,
+    /// The pool agent whose work ended the action (answered, or held the task when it was
+    /// abandoned or failed); `None` for every other transition.
+    pub agent: Option<String>,
+}
+
+impl From<TransitionV1> for TransitionV2 {
+    fn from(v1: TransitionV1) -> Self {
+        TransitionV2 {
+            task: v1.task,
+            attempt: v1.attempt,
+            from: v1.from,
+            to: v1.to,
+            at_ms: v1.at_ms,
+            detail: v1.detail,
+            agent: None,
+        }
+    }
+}
+
+/// The `phase` of a hook log that records an agent's answer that came after its action timed
+/// out.
+pub const LATE_ANSWER: &str = "late-answer";
+
+/// A hook log as version 1 stored it; read as [`HookLogV2`] with no agent.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HookLogV1 {
     pub attempt: u32,
     /// pre, action, post or finally.
@@ -234,6 +267,35 @@ pub struct HookLogV1 {
     pub stderr: String,
     pub stderr_truncated: bool,
     pub at_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct HookLogV2 {
+    pub attempt: u32,
+    /// pre, action, post, finally, or `late-answer` (an agent's answer after a timeout).
+    pub phase: String,
+    /// "exit code 0", "timed out", …
+    pub outcome: String,
+    /// The tail of stderr (of a late answer: its text).
+    pub stderr: String,
+    pub stderr_truncated: bool,
+    pub at_ms: u64,
+    /// The pool agent that sent a late answer; `None` for hooks.
+    pub agent: Option<String>,
+}
+
+impl From<HookLogV1> for HookLogV2 {
+    fn from(v1: HookLogV1) -> Self {
+        HookLogV2 {
+            attempt: v1.attempt,
+            phase: v1.phase,
+            outcome: v1.outcome,
+            stderr: v1.stderr,
+            stderr_truncated: v1.stderr_truncated,
+            at_ms: v1.at_ms,
+            agent: None,
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -250,11 +312,13 @@ pub enum TaskRecord {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum TransitionRecord {
     V1(TransitionV1),
+    V2(TransitionV2),
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum HookLogRecord {
     V1(HookLogV1),
+    V2(HookLogV2),
 }
 
 /// A record type with a current version it is read into and written as.
@@ -265,39 +329,30 @@ pub trait Versioned: Sized {
     fn into_current(self) -> Self::Current;
 }
 
+/// `versioned!(Envelope, Current(Type), "name", from [Old, …])`: records are written as the
+/// `Current` variant and read from any variant, older ones upgraded with `From`.
 macro_rules! versioned {
-    ($envelope:ident, $current:ident, $name:literal) => {
+    ($envelope:ident, $variant:ident($current:ident), $name:literal $(, from [$($old:ident),*])?) => {
         impl Versioned for $envelope {
             type Current = $current;
             const NAME: &'static str = $name;
             fn wrap(current: $current) -> Self {
-                $envelope::V1(current)
+                $envelope::$variant(current)
             }
             fn into_current(self) -> $current {
                 match self {
-                    $envelope::V1(current) => current,
+                    $envelope::$variant(current) => current,
+                    $($($envelope::$old(old) => old.into(),)*)?
                 }
             }
         }
     };
 }
 
-impl Versioned for RunRecord {
-    type Current = RunV2;
-    const NAME: &'static str = "run";
-    fn wrap(current: RunV2) -> Self {
-        RunRecord::V2(current)
-    }
-    fn into_current(self) -> RunV2 {
-        match self {
-            RunRecord::V1(v1) => v1.into(),
-            RunRecord::V2(current) => current,
-        }
-    }
-}
-versioned!(TaskRecord, TaskV1, "task");
-versioned!(TransitionRecord, TransitionV1, "transition");
-versioned!(HookLogRecord, HookLogV1, "hook log");
+versioned!(RunRecord, V2(RunV2), "run", from[V1]);
+versioned!(TaskRecord, V1(TaskV1), "task");
+versioned!(TransitionRecord, V2(TransitionV2), "transition", from[V1]);
+versioned!(HookLogRecord, V2(HookLogV2), "hook log", from[V1]);
 
 pub fn encode<E: Versioned + Serialize>(current: E::Current) -> Result<Vec<u8>, StoreError> {
     postcard::to_stdvec(&E::wrap(current)).map_err(|e| StoreError::Encode {
@@ -387,6 +442,42 @@ mod tests {
             RunRecord::V2(_)
         ));
         assert_eq!(decode::<RunRecord>(&rewritten).unwrap(), read);
+    }
+
+    #[test]
+    fn version_1_transitions_and_hook_logs_read_with_no_agent() {
+        let t1 = TransitionV1 {
+            task: 7,
+            attempt: 2,
+            from: Some(Stage::Phase(Phase::Action)),
+            to: Stage::Phase(Phase::Completed),
+            at_ms: 9,
+            detail: "Success".into(),
+        };
+        let bytes = postcard::to_stdvec(&TransitionRecord::V1(t1)).unwrap();
+        let t2 = decode::<TransitionRecord>(&bytes).unwrap();
+        assert_eq!((t2.task, t2.attempt, t2.at_ms, t2.agent), (7, 2, 9, None));
+        assert_eq!(t2.detail, "Success");
+        let h1 = HookLogV1 {
+            attempt: 1,
+            phase: LATE_ANSWER.into(),
+            outcome: "late".into(),
+            stderr: "[]".into(),
+            stderr_truncated: false,
+            at_ms: 3,
+        };
+        let bytes = postcard::to_stdvec(&HookLogRecord::V1(h1)).unwrap();
+        let h2 = decode::<HookLogRecord>(&bytes).unwrap();
+        assert_eq!(
+            (h2.phase.as_str(), h2.stderr.as_str(), h2.agent),
+            (LATE_ANSWER, "[]", None)
+        );
+        let with_agent = HookLogV2 {
+            agent: Some("a-1".into()),
+            ..h2
+        };
+        let bytes = encode::<HookLogRecord>(with_agent.clone()).unwrap();
+        assert_eq!(decode::<HookLogRecord>(&bytes).unwrap(), with_agent);
     }
 
     #[test]

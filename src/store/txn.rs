@@ -4,7 +4,7 @@ use redb::{ReadOnlyTable, ReadTransaction, ReadableTable, Table, WriteTransactio
 
 use super::StoreError;
 use super::records::{
-    HookLogRecord, HookLogV1, RunRecord, RunV2, TaskRecord, TaskV1, TransitionRecord, TransitionV1,
+    HookLogRecord, HookLogV2, RunRecord, RunV2, TaskRecord, TaskV1, TransitionRecord, TransitionV2,
     decode, encode,
 };
 use super::tables::*;
@@ -144,7 +144,7 @@ impl<'t> Writer<'t> {
         &mut self,
         run_id: u128,
         run: &mut RunV2,
-        record: TransitionV1,
+        record: TransitionV2,
     ) -> Result<u64, StoreError> {
         let seq = run.next_transition;
         run.next_transition += 1;
@@ -160,7 +160,7 @@ impl<'t> Writer<'t> {
         run: u128,
         task: u128,
         seq: u64,
-        record: HookLogV1,
+        record: HookLogV2,
     ) -> Result<(), StoreError> {
         let bytes = encode::<HookLogRecord>(record)?;
         self.hook_logs.insert((run, task, seq), bytes.as_slice())?;
@@ -249,7 +249,7 @@ impl Reader {
     pub fn for_each_transition(
         &self,
         run: u128,
-        mut visit: impl FnMut(u64, TransitionV1),
+        mut visit: impl FnMut(u64, TransitionV2),
     ) -> Result<(), StoreError> {
         let table = self.table(TRANSITIONS)?;
         for entry in table.range((run, 0)..=(run, u64::MAX))? {
@@ -264,7 +264,7 @@ impl Reader {
         &self,
         run: u128,
         task: u128,
-    ) -> Result<Vec<(u64, TransitionV1)>, StoreError> {
+    ) -> Result<Vec<(u64, TransitionV2)>, StoreError> {
         let index = self.table(TASK_TRANSITIONS)?;
         let transitions = self.table(TRANSITIONS)?;
         let mut out = Vec::new();
@@ -278,7 +278,7 @@ impl Reader {
         Ok(out)
     }
 
-    pub fn hook_logs(&self, run: u128, task: u128) -> Result<Vec<(u64, HookLogV1)>, StoreError> {
+    pub fn hook_logs(&self, run: u128, task: u128) -> Result<Vec<(u64, HookLogV2)>, StoreError> {
         let table = self.table(HOOK_LOGS)?;
         let mut out = Vec::new();
         for entry in table.range((run, task, 0)..=(run, task, u64::MAX))? {
